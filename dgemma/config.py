@@ -1,0 +1,273 @@
+"""The model configuration: one frozen dataclass that describes the whole text backbone.
+
+It is hashable, so jitted functions take it as a static argument. Presets live at the bottom; an HF
+`config.json` converts with `ModelConfig.from_hf`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+LOCAL = "local"  # sliding-window attention layer
+GLOBAL = "global"  # full attention layer
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """DiffusionGemma text backbone. Field names say what they are; HF names are in `from_hf`."""
+
+  vocab_size: int
+  width: int  # model width D
+  num_layers: int
+  num_heads: int  # query heads, all layers
+  local_num_kv_heads: int
+  local_head_dim: int
+  global_num_kv_heads: int
+  global_head_dim: int
+  mlp_hidden: int  # dense ("shared") GeGLU branch; also the self-conditioning hidden width
+  num_experts: int  # 0: no MoE branch
+  top_k_experts: int
+  expert_hidden: int
+  sliding_window: int  # W: a local-layer token sees W tokens including itself
+  layer_types: tuple[str, ...]  # LOCAL or GLOBAL per layer
+  global_k_eq_v: bool = True  # global layers take V from the raw K projection
+  local_rope_theta: float = 10_000.0
+  local_rope_fraction: float = 1.0
+  global_rope_theta: float = 1_000_000.0
+  global_rope_fraction: float = 0.25  # "proportional" RoPE: only this fraction of frequencies rotate
+  final_softcap: float | None = 30.0
+  rms_norm_eps: float = 1e-6
+  canvas_length: int = 256
+  param_dtype: str = "float32"  # "bfloat16" for real checkpoints
+  pad_id: int = 0
+  eos_id: int = 1
+  bos_id: int = 2
+  stop_ids: tuple[int, ...] = (1, 106, 50)
+  attention_impl: str = "xla"  # "xla" or "pallas"
+  moe_impl: str = "xla"  # "xla" (lax.ragged_dot) or "pallas"
+  remat: bool = False  # gradient checkpointing of every block
+
+  def __post_init__(self):
+    if len(self.layer_types) != self.num_layers:
+      raise ValueError(f"layer_types has {len(self.layer_types)} entries but num_layers={self.num_layers}")
+    bad = sorted(set(self.layer_types) - {LOCAL, GLOBAL})
+    if bad:
+      raise ValueError(f"unknown layer type(s) {bad}; expected {LOCAL!r} or {GLOBAL!r}")
+    for kind in (LOCAL, GLOBAL):
+      if self.num_heads % self.num_kv_heads(kind):
+        raise ValueError(f"num_heads={self.num_heads} is not a multiple of the {kind} KV heads")
+    if self.num_experts and not 0 < self.top_k_experts <= self.num_experts:
+      raise ValueError(f"top_k_experts={self.top_k_experts} must be in [1, num_experts={self.num_experts}]")
+    if self.attention_impl not in ("xla", "pallas"):
+      raise ValueError(f"attention_impl must be 'xla' or 'pallas', got {self.attention_impl!r}")
+    if self.moe_impl not in ("xla", "pallas"):
+      raise ValueError(f"moe_impl must be 'xla' or 'pallas', got {self.moe_impl!r}")
+    if self.param_dtype not in ("float32", "bfloat16", "float16"):
+      raise ValueError(f"param_dtype must be float32, bfloat16 or float16, got {self.param_dtype!r}")
+
+  # Per-layer-type views, so the layers never branch on names.
+  def num_kv_heads(self, kind: str) -> int:
+    return self.local_num_kv_heads if kind == LOCAL else self.global_num_kv_heads
+
+  def head_dim(self, kind: str) -> int:
+    return self.local_head_dim if kind == LOCAL else self.global_head_dim
+
+  def rope(self, kind: str) -> tuple[float, float]:
+    if kind == LOCAL:
+      return self.local_rope_theta, self.local_rope_fraction
+    return self.global_rope_theta, self.global_rope_fraction
+
+  def has_v_proj(self, kind: str) -> bool:
+    return kind == LOCAL or not self.global_k_eq_v
+
+  def replace(self, **changes: Any) -> "ModelConfig":
+    return dataclasses.replace(self, **changes)
+
+  # ---------------------------------------------------------------------------------------------
+  # Hugging Face config.json
+  # ---------------------------------------------------------------------------------------------
+  @classmethod
+  def from_hf(cls, hf: dict[str, Any] | str | os.PathLike, **overrides: Any) -> "ModelConfig":
+    """Builds the config from an HF DiffusionGemma `config.json` (a dict, a file, or its directory)."""
+    if not isinstance(hf, dict):
+      path = os.path.join(hf, "config.json") if os.path.isdir(hf) else hf
+      if not os.path.exists(path):
+        raise FileNotFoundError(f"no config.json at {path}")
+      with open(path) as f:
+        hf = json.load(f)
+    arch = hf.get("model_type")
+    if arch != "diffusion_gemma":
+      raise ValueError(f"unsupported architecture model_type={arch!r}; expected 'diffusion_gemma'")
+    t = hf["text_config"]
+    n = t["num_hidden_layers"]
+    hf_types = t.get("layer_types") or [
+        "sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(n)]
+    hf_types = list(hf_types)
+    hf_types[-1] = "full_attention"  # HF forces the last layer global
+    types = tuple(LOCAL if x == "sliding_attention" else GLOBAL for x in hf_types)
+    # Global-layer head dim / KV heads live in per_layer_config (all global layers share them).
+    per_layer = t.get("per_layer_config") or {}
+    global_idx = [i for i, k in enumerate(types) if k == GLOBAL]
+    g = per_layer.get(str(global_idx[0]), per_layer.get(global_idx[0], {})) if global_idx else {}
+    rope = t.get("rope_parameters") or {}
+    local_rope = rope.get("sliding_attention", {"rope_theta": 10_000.0})
+    global_rope = rope.get("full_attention", {"rope_theta": 1e6, "partial_rotary_factor": 0.25})
+    for name, r in (("sliding_attention", local_rope), ("full_attention", global_rope)):
+      if r.get("factor", 1.0) != 1.0:
+        raise ValueError(f"unsupported RoPE scaling factor {r['factor']} for {name}")
+    if local_rope.get("rope_type", "default") != "default":
+      raise ValueError(f"unsupported local rope_type {local_rope.get('rope_type')!r}")
+    if global_rope.get("rope_type", "proportional") != "proportional":
+      raise ValueError(f"unsupported global rope_type {global_rope.get('rope_type')!r}")
+    if t.get("use_bidirectional_attention") == "all":
+      raise ValueError("use_bidirectional_attention='all' is not supported (text encoder must be causal)")
+    if t.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+      raise ValueError(f"unsupported activation {t.get('hidden_activation')!r}")
+    eos = hf.get("eos_token_id", t.get("eos_token_id", 1))
+    eos_first = eos[0] if isinstance(eos, list) else eos
+    dtype = hf.get("dtype") or hf.get("torch_dtype") or "float32"
+    fields = dict(
+        vocab_size=t["vocab_size"],
+        width=t["hidden_size"],
+        num_layers=n,
+        num_heads=t["num_attention_heads"],
+        local_num_kv_heads=t["num_key_value_heads"],
+        local_head_dim=t["head_dim"],
+        global_num_kv_heads=g.get("num_key_value_heads", t["num_key_value_heads"]),
+        global_head_dim=g.get("head_dim", t["head_dim"]),
+        mlp_hidden=t["intermediate_size"],
+        num_experts=t.get("num_experts") or 0,
+        top_k_experts=t.get("top_k_experts") or 0,
+        expert_hidden=t.get("moe_intermediate_size") or 0,
+        sliding_window=t["sliding_window"],
+        layer_types=types,
+        global_k_eq_v=True,
+        local_rope_theta=float(local_rope["rope_theta"]),
+        local_rope_fraction=float(local_rope.get("partial_rotary_factor", 1.0)),
+        global_rope_theta=float(global_rope["rope_theta"]),
+        global_rope_fraction=float(global_rope.get("partial_rotary_factor", 1.0)),
+        final_softcap=t.get("final_logit_softcapping", 30.0),
+        rms_norm_eps=t.get("rms_norm_eps", 1e-6),
+        canvas_length=hf.get("canvas_length", 256),
+        param_dtype=dtype if dtype in ("float32", "bfloat16", "float16") else "float32",
+        pad_id=t.get("pad_token_id", 0) if t.get("pad_token_id") is not None else 0,
+        eos_id=eos_first,
+        bos_id=t.get("bos_token_id", 2),
+    )
+    fields.update(overrides)
+    return cls(**fields)
+
+  def to_hf(self) -> dict[str, Any]:
+    """The HF `config.json` dict for this model (text part; vision config kept minimal)."""
+    if not self.global_k_eq_v:
+      raise ValueError("HF DiffusionGemma has no V projection on global layers; global_k_eq_v must be True")
+    if self.num_experts == 0:
+      raise ValueError("HF DiffusionGemma always has the MoE branch; num_experts must be > 0 to export")
+    if self.local_rope_fraction != 1.0:
+      raise ValueError("HF default RoPE on local layers needs local_rope_fraction=1.0")
+    types = ["sliding_attention" if k == LOCAL else "full_attention" for k in self.layer_types]
+    per_layer = {str(i): {"head_dim": self.global_head_dim, "num_key_value_heads": self.global_num_kv_heads}
+                 for i, k in enumerate(self.layer_types) if k == GLOBAL}
+    text = {
+        "model_type": "diffusion_gemma_text",
+        "vocab_size": self.vocab_size,
+        "hidden_size": self.width,
+        "intermediate_size": self.mlp_hidden,
+        "num_hidden_layers": self.num_layers,
+        "num_attention_heads": self.num_heads,
+        "num_key_value_heads": self.local_num_kv_heads,
+        "head_dim": self.local_head_dim,
+        "per_layer_config": per_layer,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": self.rms_norm_eps,
+        "sliding_window": self.sliding_window,
+        "layer_types": types,
+        "final_logit_softcapping": self.final_softcap,
+        "num_experts": self.num_experts,
+        "top_k_experts": self.top_k_experts,
+        "moe_intermediate_size": self.expert_hidden,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": self.local_rope_theta},
+            "full_attention": {"rope_type": "proportional", "rope_theta": self.global_rope_theta,
+                               "partial_rotary_factor": self.global_rope_fraction},
+        },
+        "tie_word_embeddings": True,
+        "pad_token_id": self.pad_id,
+        "eos_token_id": self.eos_id,
+        "bos_token_id": self.bos_id,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "max_position_embeddings": 262_144,
+        "use_bidirectional_attention": None,
+    }
+    return {
+        "architectures": ["DiffusionGemmaForBlockDiffusion"],
+        "model_type": "diffusion_gemma",
+        "text_config": text,
+        "vision_config": TINY_HF_VISION_CONFIG,
+        "canvas_length": self.canvas_length,
+        "tie_word_embeddings": True,
+        "dtype": self.param_dtype,
+    }
+
+
+# HF builds a vision tower whatever the text model; a tiny one keeps exported checkpoints small.
+# Our import ignores vision weights entirely.
+TINY_HF_VISION_CONFIG = {
+    "model_type": "gemma4_vision", "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+    "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 8, "patch_size": 4,
+    "pooling_kernel_size": 2, "position_embedding_size": 64,
+}
+
+
+def _pattern(num_layers: int, period: int = 6) -> tuple[str, ...]:
+  """Gemma 4's layer pattern: (period-1) local layers then one global; the last layer is global."""
+  types = [LOCAL if (i + 1) % period else GLOBAL for i in range(num_layers)]
+  types[-1] = GLOBAL
+  return tuple(types)
+
+
+def diffusiongemma_26b_a4b(**overrides: Any) -> ModelConfig:
+  """The released 26B-A4B model (spec §1.1)."""
+  fields = dict(
+      vocab_size=262_144, width=2816, num_layers=30, num_heads=16,
+      local_num_kv_heads=8, local_head_dim=256, global_num_kv_heads=2, global_head_dim=512,
+      mlp_hidden=2112, num_experts=128, top_k_experts=8, expert_hidden=704,
+      sliding_window=1024, layer_types=_pattern(30), param_dtype="bfloat16")
+  fields.update(overrides)
+  return ModelConfig(**fields)
+
+
+def tiny_moe(**overrides: Any) -> ModelConfig:
+  """A few-thousand-parameter model with every feature of the real one, for tests."""
+  fields = dict(
+      vocab_size=64, width=32, num_layers=4, num_heads=4,
+      local_num_kv_heads=2, local_head_dim=8, global_num_kv_heads=1, global_head_dim=16,
+      mlp_hidden=48, num_experts=4, top_k_experts=2, expert_hidden=12,
+      sliding_window=4, layer_types=(LOCAL, GLOBAL, LOCAL, GLOBAL), canvas_length=8)
+  fields.update(overrides)
+  return ModelConfig(**fields)
+
+
+def small_dense(vocab_size: int, width: int = 128, num_layers: int = 6, num_heads: int = 4,
+                canvas_length: int = 81, **overrides: Any) -> ModelConfig:
+  """A small dense (no MoE) model for CPU training from scratch, e.g. Sudoku with a digit vocabulary."""
+  head_dim = width // num_heads
+  fields = dict(
+      vocab_size=vocab_size, width=width, num_layers=num_layers, num_heads=num_heads,
+      local_num_kv_heads=num_heads, local_head_dim=head_dim,
+      global_num_kv_heads=num_heads, global_head_dim=head_dim,
+      mlp_hidden=4 * width, num_experts=0, top_k_experts=0, expert_hidden=0,
+      sliding_window=1024, layer_types=(GLOBAL,) * num_layers, global_rope_fraction=1.0,
+      global_rope_theta=10_000.0, canvas_length=canvas_length)
+  fields.update(overrides)
+  return ModelConfig(**fields)
+
+
+PRESETS = {
+    "diffusiongemma_26b_a4b": diffusiongemma_26b_a4b,
+    "tiny_moe": tiny_moe,
+}

@@ -1,0 +1,83 @@
+"""The model's public, functional API: params are an explicit pytree, config is static.
+
+    params = init_params(config, jax.random.key(0))
+    cache = init_cache(config, batch, max_len)
+    logits, cache = encode(params, config, tokens, cache)              # prefill / append
+    logits = denoise(params, config, canvas, cache, self_conditioning_logits=None)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from dgemma.config import ModelConfig
+from dgemma.model.cache import KVCache, init_cache
+from dgemma.model.transformer import DiffusionGemma
+
+__all__ = ["DiffusionGemma", "KVCache", "init_cache", "init_params", "param_shapes", "encode", "denoise"]
+
+
+def _init_inputs(config: ModelConfig):
+  c = min(config.canvas_length, 4)
+  tokens = jnp.zeros((1, c), jnp.int32)
+  return tokens, init_cache(config, 1, 2 * c), tokens
+
+
+def init_params(config: ModelConfig, rng: jax.Array) -> dict:
+  """Randomly initialised parameters (normal(0.02) weights, unit norm scales)."""
+  return jax.jit(lambda r: DiffusionGemma(config).init(r, *_init_inputs(config))["params"])(rng)
+
+
+def param_shapes(config: ModelConfig) -> dict:
+  """The parameter tree as jax.ShapeDtypeStruct leaves, without allocating anything."""
+  return jax.eval_shape(lambda: DiffusionGemma(config).init(jax.random.key(0), *_init_inputs(config))["params"])
+
+
+def _check_room(cache: KVCache, num_new: int, what: str) -> None:
+  """A one-line error instead of a silently clamped write when the cache is too short."""
+  if num_new > cache.capacity:
+    raise ValueError(f"{what} of {num_new} tokens does not fit a cache of capacity {cache.capacity}")
+  if not isinstance(cache.end, jax.core.Tracer):
+    needed = int(jnp.max(cache.end)) + num_new
+    if needed > cache.capacity:
+      raise ValueError(f"{what} needs {needed} cache slots but the cache holds {cache.capacity}; "
+                       "build it with a larger max_len")
+
+
+@functools.partial(jax.jit, static_argnames=("config", "compute_logits"))
+def _encode(params, config, tokens, cache, token_valid, compute_logits):
+  return DiffusionGemma(config).apply({"params": params}, tokens, cache, token_valid, compute_logits,
+                                      method=DiffusionGemma.encode)
+
+
+def encode(params: dict, config: ModelConfig, tokens: Int[Array, "B T"], cache: KVCache,
+           token_valid: Bool[Array, "B T"] | None = None, *,
+           compute_logits: bool = True) -> tuple[Float[Array, "B T V"] | None, KVCache]:
+  """Causal pass over `tokens` written at each row's `cache.end`; returns (next-token logits, new cache).
+
+  `token_valid` marks real tokens (False for right padding); padded slots are never attended to.
+  With compute_logits=False the (large) vocabulary projection is skipped and None is returned.
+  """
+  _check_room(cache, tokens.shape[1], "encoding")
+  return _encode(params, config, tokens, cache, token_valid, compute_logits)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _denoise(params, config, canvas, cache, sc_logits, sc_mask):
+  return DiffusionGemma(config).apply({"params": params}, canvas, cache, sc_logits, sc_mask,
+                                      method=DiffusionGemma.denoise)
+
+
+def denoise(params: dict, config: ModelConfig, canvas: Int[Array, "B C"], cache: KVCache,
+            self_conditioning_logits: Float[Array, "B C V"] | None = None,
+            self_conditioning_mask: Bool[Array, "B"] | None = None) -> Float[Array, "B C V"]:
+  """Bidirectional denoiser logits for `canvas`, reading (never writing) `cache`.
+
+  Canvas positions continue at each row's `cache.end`. `self_conditioning_logits=None` is the first-step
+  "no signal" (zero soft embedding); `self_conditioning_mask[b]=False` zeroes the signal of row b.
+  """
+  return _denoise(params, config, canvas, cache, self_conditioning_logits, self_conditioning_mask)

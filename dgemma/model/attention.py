@@ -1,0 +1,79 @@
+"""Multi-head attention with GQA, QK-norm, V-norm, (proportional) RoPE and attention scale 1.0.
+
+Two ways to read keys, chosen by the caller:
+- encode (`write_at` given): the new K/V are written into the layer cache at per-row slot `write_at`, and the
+  queries attend over the whole updated cache (causal mask);
+- denoise (`write_at` None): the cache is read-only; the canvas K/V are concatenated after it.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Int
+
+from dgemma.config import ModelConfig
+from dgemma.model.layers import RMSNorm, apply_rope, init_normal, param_dtype, rope_inv_freq
+
+_MASKED = -2.3819763e38  # the large negative logit of the reference implementations
+
+
+def dot_product_attention(q_BxTxNxH: Array, k_BxSxKxH: Array, v_BxSxKxH: Array,
+                          mask_BxTxS: Bool[Array, "B T S"]) -> Array:
+  """Plain-XLA attention, the reference every kernel is tested against. Query head n reads KV head n // G."""
+  b, t, n, h = q_BxTxNxH.shape
+  kv_heads = k_BxSxKxH.shape[2]
+  q = q_BxTxNxH.reshape(b, t, kv_heads, n // kv_heads, h)
+  logits = jnp.einsum("btkgh,bskh->bkgts", q, k_BxSxKxH, preferred_element_type=jnp.float32)
+  logits = jnp.where(mask_BxTxS[:, None, None], logits, _MASKED)
+  probs = jax.nn.softmax(logits, axis=-1).astype(v_BxSxKxH.dtype)
+  out = jnp.einsum("bkgts,bskh->btkgh", probs, v_BxSxKxH)
+  return out.reshape(b, t, n, h)
+
+
+def write_rows(cache_BxSx: Array, new_BxTx: Array, start_B: Int[Array, "B"]) -> Array:
+  """Writes new_BxTx into cache_BxSx at slot start_B[b] of each row."""
+  def one(c, x, i):
+    return jax.lax.dynamic_update_slice_in_dim(c, x.astype(c.dtype), i, axis=0)
+  return jax.vmap(one)(cache_BxSx, new_BxTx, start_B)
+
+
+class Attention(nn.Module):
+  config: ModelConfig
+  kind: str  # LOCAL or GLOBAL
+
+  @nn.compact
+  def __call__(self, x_BxTxD: Array, positions_BxT: Int[Array, "B T"], mask: Bool[Array, "B T S"],
+               layer_kv: tuple[Array, Array], write_at: Int[Array, "B"] | None):
+    cfg, kind = self.config, self.kind
+    dt = param_dtype(cfg)
+    d, n, kv, h = cfg.width, cfg.num_heads, cfg.num_kv_heads(kind), cfg.head_dim(kind)
+    q_proj = self.param("q_proj", init_normal, (d, n, h), dt)
+    k_proj = self.param("k_proj", init_normal, (d, kv, h), dt)
+    v_proj = self.param("v_proj", init_normal, (d, kv, h), dt) if cfg.has_v_proj(kind) else None
+    o_proj = self.param("o_proj", init_normal, (n, h, d), dt)
+    inv_freq = rope_inv_freq(h, *cfg.rope(kind))
+
+    q = jnp.einsum("btd,dnh->btnh", x_BxTxD, q_proj)
+    q = apply_rope(RMSNorm(cfg.rms_norm_eps, dtype=dt, name="q_norm")(q), positions_BxT, inv_freq)
+    k_raw = jnp.einsum("btd,dkh->btkh", x_BxTxD, k_proj)
+    v_raw = k_raw if v_proj is None else jnp.einsum("btd,dkh->btkh", x_BxTxD, v_proj)
+    k = apply_rope(RMSNorm(cfg.rms_norm_eps, dtype=dt, name="k_norm")(k_raw), positions_BxT, inv_freq)
+    v = RMSNorm(cfg.rms_norm_eps, with_scale=False, name="v_norm")(v_raw)  # V gets no RoPE
+
+    cache_k, cache_v = layer_kv
+    if write_at is not None:
+      keys, values = write_rows(cache_k, k, write_at), write_rows(cache_v, v, write_at)
+      new_kv = (keys, values)
+    else:
+      keys = jnp.concatenate([cache_k, k.astype(cache_k.dtype)], axis=1)
+      values = jnp.concatenate([cache_v, v.astype(cache_v.dtype)], axis=1)
+      new_kv = None
+
+    if cfg.attention_impl == "pallas":
+      from pallas_kernels import attention as attention_kernels  # optional GPU path
+      out = attention_kernels.attention(q, keys, values, mask)
+    else:
+      out = dot_product_attention(q, keys, values, mask)
+    return jnp.einsum("btnh,nhd->btd", out, o_proj), new_kv

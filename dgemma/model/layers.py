@@ -1,0 +1,170 @@
+"""The small building blocks: RMSNorm, RoPE, the GeGLU feed-forward, the MoE branch and the embedder.
+
+Numerics follow Hugging Face's DiffusionGemma (our reference): norms and softmaxes in float32, everything
+else in the parameter dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from dgemma.config import ModelConfig
+
+init_normal = nn.initializers.normal(stddev=0.02)
+
+
+def param_dtype(config: ModelConfig) -> jnp.dtype:
+  return jnp.dtype(config.param_dtype)
+
+
+def rms_norm(x: Array, scale: Array | None, eps: float) -> Array:
+  """x / rms(x) (· scale), computed in float32 and cast back. The scale is plain `w`, not `1 + w`."""
+  x32 = x.astype(jnp.float32)
+  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  if scale is not None:
+    y = y * scale.astype(jnp.float32)
+  return y.astype(x.dtype)
+
+
+class RMSNorm(nn.Module):
+  """RMSNorm over the last axis; `with_scale=False` is the parameter-free variant (V-norm, router, SC)."""
+  eps: float = 1e-6
+  with_scale: bool = True
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.dtype) if self.with_scale else None
+    return rms_norm(x, scale, self.eps)
+
+
+def rope_inv_freq(head_dim: int, theta: float, fraction: float) -> jnp.ndarray:
+  """Inverse frequencies for rotate-half RoPE, length head_dim // 2.
+
+  "Proportional" RoPE: the first int(fraction·head_dim/2) pairs rotate with theta^(-2j/head_dim) (the
+  exponent's denominator is the full head dim); the remaining pairs get frequency 0 (identity).
+  With fraction 1 this is standard RoPE.
+  """
+  rotated = int(fraction * head_dim // 2)
+  j = jnp.arange(rotated, dtype=jnp.float32)
+  freqs = 1.0 / (theta ** (2.0 * j / head_dim))
+  return jnp.concatenate([freqs, jnp.zeros((head_dim // 2 - rotated,), jnp.float32)])
+
+
+def apply_rope(x_BxTxNxH: Array, positions_BxT: Int[Array, "B T"], inv_freq: jnp.ndarray) -> Array:
+  """Rotate-half RoPE: pairs (j, j + H/2) rotate by positions·f_j."""
+  angles = positions_BxT[..., None].astype(jnp.float32) * inv_freq  # [B, T, H/2]
+  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, H]
+  cos, sin = jnp.cos(angles).astype(x_BxTxNxH.dtype), jnp.sin(angles).astype(x_BxTxNxH.dtype)
+  half = x_BxTxNxH.shape[-1] // 2
+  rotated = jnp.concatenate([-x_BxTxNxH[..., half:], x_BxTxNxH[..., :half]], axis=-1)
+  return x_BxTxNxH * cos + rotated * sin
+
+
+def gelu_tanh(x: Array) -> Array:
+  return jax.nn.gelu(x, approximate=True)
+
+
+class GeGLU(nn.Module):
+  """down(gelu_tanh(x·gate) ⊙ (x·up)), no biases. Used by the dense branch and self-conditioning."""
+  hidden: int
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BxTxD: Array) -> Array:
+    d = x_BxTxD.shape[-1]
+    gate = self.param("gate", init_normal, (d, self.hidden), self.dtype)
+    up = self.param("up", init_normal, (d, self.hidden), self.dtype)
+    down = self.param("down", init_normal, (self.hidden, d), self.dtype)
+    h = gelu_tanh(x_BxTxD @ gate) * (x_BxTxD @ up)
+    return h @ down
+
+
+def route(x_TxD: Array, router_w_DxE: Array, router_scale_D: Array, per_expert_scale_E: Array,
+          top_k: int, eps: float) -> tuple[Array, Array]:
+  """Router on the un-normalised residual: softmax (fp32), top-k, renormalise, per-expert scale."""
+  d = x_TxD.shape[-1]
+  r = rms_norm(x_TxD, None, eps) * router_scale_D * jnp.asarray(d ** -0.5, x_TxD.dtype)
+  probs = jax.nn.softmax((r @ router_w_DxE).astype(jnp.float32), axis=-1)
+  weights_TxK, experts_TxK = jax.lax.top_k(probs, top_k)
+  weights_TxK = weights_TxK / jnp.sum(weights_TxK, axis=-1, keepdims=True)
+  weights_TxK = weights_TxK * per_expert_scale_E[experts_TxK].astype(jnp.float32)
+  return weights_TxK, experts_TxK
+
+
+def experts_ragged_dot(x_TxD: Array, weights_TxK: Array, experts_TxK: Array,
+                       gate_up_ExDx2F: Array, down_ExFxD: Array) -> Array:
+  """Dropless MoE: sort (token, expert) pairs by expert, two grouped matmuls, weighted scatter-add.
+
+  Exact for any routing (no capacity, no dropped tokens). `lax.ragged_dot` is the XLA grouped matmul;
+  `pallas_kernels` has the GPU kernel with the same contract.
+  """
+  t, k = experts_TxK.shape
+  num_experts = gate_up_ExDx2F.shape[0]
+  flat_expert = experts_TxK.reshape(-1)
+  order = jnp.argsort(flat_expert, stable=True)
+  token_of = order // k
+  group_sizes = jnp.bincount(flat_expert, length=num_experts).astype(jnp.int32)
+  xs = x_TxD[token_of]
+  h = jax.lax.ragged_dot(xs, gate_up_ExDx2F, group_sizes)
+  gate, up = jnp.split(h, 2, axis=-1)
+  y = jax.lax.ragged_dot(gelu_tanh(gate) * up, down_ExFxD, group_sizes)
+  y = y * weights_TxK.reshape(-1)[order][:, None].astype(y.dtype)
+  return jnp.zeros_like(x_TxD).at[token_of].add(y)
+
+
+class MoE(nn.Module):
+  """The mixture-of-experts branch (spec §1.8). Expert input is pre-normed; routing uses the raw residual."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, expert_in_BxTxD: Array, router_in_BxTxD: Array) -> Array:
+    cfg = self.config
+    dt = param_dtype(cfg)
+    d, e, f = cfg.width, cfg.num_experts, cfg.expert_hidden
+    router_w = self.param("router", init_normal, (d, e), dt)
+    router_scale = self.param("router_scale", nn.initializers.ones, (d,), dt)
+    per_expert_scale = self.param("per_expert_scale", nn.initializers.ones, (e,), dt)
+    gate_up = self.param("gate_up", init_normal, (e, d, 2 * f), dt)  # [gate | up] along the last axis
+    down = self.param("down", init_normal, (e, f, d), dt)
+    shape = expert_in_BxTxD.shape
+    x_TxD = expert_in_BxTxD.reshape(-1, d)
+    weights, experts = route(router_in_BxTxD.reshape(-1, d), router_w, router_scale, per_expert_scale,
+                             cfg.top_k_experts, cfg.rms_norm_eps)
+    if cfg.moe_impl == "pallas":
+      from pallas_kernels import moe as moe_kernels  # imported lazily: optional GPU path
+      y = moe_kernels.moe_experts(x_TxD, weights, experts, gate_up, down)
+    else:
+      y = experts_ragged_dot(x_TxD, weights, experts, gate_up, down)
+    return y.reshape(shape)
+
+
+class Embedder(nn.Module):
+  """Tied input/output embedding. Input scale sqrt(D) is cast to the parameter dtype (53.0 in bf16)."""
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    self.embedding = self.param("embedding", init_normal, (cfg.vocab_size, cfg.width), param_dtype(cfg))
+
+  def scale(self) -> Array:
+    return jnp.asarray(math.sqrt(self.config.width), jnp.float32).astype(self.embedding.dtype)
+
+  def encode(self, tokens_BxT: Int[Array, "B T"]) -> Array:
+    return jnp.take(self.embedding, tokens_BxT, axis=0) * self.scale()
+
+  def encode_soft(self, logits_BxTxV: Float[Array, "B T V"]) -> Array:
+    """Soft embedding of logits: softmax(ℓ) @ E · sqrt(D) (self-conditioning input)."""
+    probs = jax.nn.softmax(logits_BxTxV.astype(jnp.float32), axis=-1).astype(self.embedding.dtype)
+    return (probs @ self.embedding) * self.scale()
+
+  def decode(self, x_BxTxD: Array) -> Float[Array, "B T V"]:
+    """Tied unembedding, cast to float32, then the final softcap."""
+    logits = (x_BxTxD @ self.embedding.T).astype(jnp.float32)
+    cap = self.config.final_softcap
+    return logits if cap is None else cap * jnp.tanh(logits / cap)

@@ -1,0 +1,122 @@
+"""The DiffusionGemma text model: one set of weights, two modes.
+
+- `encode`: causal Gemma-4 forward that writes K/V into the cache (prompt prefill, or appending a committed
+  canvas; positions continue from the cache) and returns next-token logits.
+- `denoise`: bidirectional pass over a canvas that reads the cache and never writes it, with the
+  self-conditioning block in front (spec §2-3).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from dgemma.config import GLOBAL, LOCAL, ModelConfig
+from dgemma.model import masks
+from dgemma.model.attention import Attention, write_rows
+from dgemma.model.cache import KVCache
+from dgemma.model.layers import MoE, Embedder, GeGLU, RMSNorm, param_dtype
+
+
+class Block(nn.Module):
+  """One layer (spec §1.7): attention, then the dense GeGLU and MoE branches in parallel, then the layer scalar."""
+  config: ModelConfig
+  layer_idx: int
+
+  @nn.compact
+  def __call__(self, x_BxTxD: Array, positions_BxT: Array, mask: Array,
+               layer_kv: tuple[Array, Array], write_at: Array | None):
+    cfg = self.config
+    dt = param_dtype(cfg)
+    kind = cfg.layer_types[self.layer_idx]
+
+    def norm(name, with_scale=True):
+      return RMSNorm(cfg.rms_norm_eps, with_scale=with_scale, dtype=dt, name=name)
+
+    attn_out, new_kv = Attention(cfg, kind, name="attn")(
+        norm("pre_attention_norm")(x_BxTxD), positions_BxT, mask, layer_kv, write_at)
+    x1 = x_BxTxD + norm("post_attention_norm")(attn_out)
+
+    ffw = GeGLU(cfg.mlp_hidden, dtype=dt, name="mlp")(norm("pre_mlp_norm")(x1))
+    if cfg.num_experts:
+      ffw = norm("post_mlp_norm")(ffw)
+      ffw = ffw + norm("post_moe_norm")(MoE(cfg, name="moe")(norm("pre_moe_norm")(x1), x1))
+    x2 = x1 + norm("post_ffw_norm")(ffw)
+    layer_scalar = self.param("layer_scalar", nn.initializers.ones, (1,), dt)
+    return x2 * layer_scalar, new_kv
+
+
+class SelfConditioning(nn.Module):
+  """h_in = RMSNorm_noscale(E[x]·√D + GeGLU(RMSNorm(soft_embedding(previous logits)))) (spec §3)."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, token_embeds_BxCxD: Array, soft_embeds_BxCxD: Array) -> Array:
+    cfg = self.config
+    dt = param_dtype(cfg)
+    normed = RMSNorm(cfg.rms_norm_eps, dtype=dt, name="pre_norm")(soft_embeds_BxCxD)
+    signal = GeGLU(cfg.mlp_hidden, dtype=dt, name="mlp")(normed)
+    return RMSNorm(cfg.rms_norm_eps, with_scale=False, name="post_norm")(token_embeds_BxCxD + signal)
+
+
+class DiffusionGemma(nn.Module):
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    block = nn.remat(Block) if cfg.remat else Block
+    self.embedder = Embedder(cfg)
+    self.blocks = [block(cfg, i, name=f"layer_{i}") for i in range(cfg.num_layers)]
+    self.final_norm = RMSNorm(cfg.rms_norm_eps, dtype=param_dtype(cfg))
+    self.self_conditioning = SelfConditioning(cfg)
+
+  def _layers(self, x, positions, masks_by_kind, cache: KVCache, write_at):
+    keys, values = [], []
+    for i, block in enumerate(self.blocks):
+      kind = self.config.layer_types[i]
+      x, new_kv = block(x, positions, masks_by_kind[kind], (cache.keys[i], cache.values[i]), write_at)
+      if new_kv is not None:
+        keys.append(new_kv[0])
+        values.append(new_kv[1])
+    return self.final_norm(x), keys, values
+
+  def _window(self, kind: str) -> int | None:
+    return self.config.sliding_window if kind == LOCAL else None
+
+  def encode(self, tokens_BxT: Int[Array, "B T"], cache: KVCache,
+             token_valid_BxT: Bool[Array, "B T"] | None = None, compute_logits: bool = True):
+    b, t = tokens_BxT.shape
+    if token_valid_BxT is None:
+      token_valid_BxT = jnp.ones((b, t), bool)
+    start = cache.end
+    positions = start[:, None] + jnp.arange(t)[None, :]
+    valid = write_rows(cache.valid, token_valid_BxT, start)
+    masks_by_kind = {k: masks.encoder_mask(positions, valid, self._window(k)) for k in (LOCAL, GLOBAL)}
+    x = self.embedder.encode(tokens_BxT)
+    x, keys, values = self._layers(x, positions, masks_by_kind, cache, start)
+    new_cache = KVCache(keys=tuple(keys), values=tuple(values), valid=valid, end=start + t)
+    logits = self.embedder.decode(x) if compute_logits else None
+    return logits, new_cache
+
+  def denoise(self, canvas_BxC: Int[Array, "B C"], cache: KVCache,
+              self_conditioning_logits: Float[Array, "B C V"] | None = None,
+              self_conditioning_mask: Bool[Array, "B"] | None = None) -> Float[Array, "B C V"]:
+    b, c = canvas_BxC.shape
+    x = self.embedder.encode(canvas_BxC)
+    if self_conditioning_logits is None:
+      soft = jnp.zeros_like(x)  # "no signal": exactly HF's self_conditioning_logits=None
+    else:
+      soft = self.embedder.encode_soft(self_conditioning_logits)
+      if self_conditioning_mask is not None:
+        soft = soft * self_conditioning_mask[:, None, None].astype(soft.dtype)
+    x = self.self_conditioning(x, soft)
+    positions = cache.end[:, None] + jnp.arange(c)[None, :]
+    masks_by_kind = {k: masks.denoiser_mask(cache.end, cache.valid, c, self._window(k)) for k in (LOCAL, GLOBAL)}
+    x, _, _ = self._layers(x, positions, masks_by_kind, cache, None)
+    return self.embedder.decode(x)
+
+  def __call__(self, tokens_BxT, cache, canvas_BxC):
+    """Touches every parameter once; used by `init`."""
+    logits, cache = self.encode(tokens_BxT, cache)
+    return self.denoise(canvas_BxC, cache, self_conditioning_logits=logits[:, :canvas_BxC.shape[1]])
