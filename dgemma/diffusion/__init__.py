@@ -1,0 +1,1 @@
+"""Uniform-state discrete diffusion: noise schedules, corruption and training losses."""

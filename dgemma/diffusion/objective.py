@@ -1,0 +1,90 @@
+"""The block-diffusion training objective (spec §4.2-4.4), one function from a batch to a loss.
+
+Per example: draw t and corrupt every canvas; pick one canvas s among the non-empty ones; encode
+[prompt ‖ clean canvases] causally (cache + AR logits); denoise the noisy canvas s against the cache seen
+up to slot P + s·C (prompt and clean canvases < s); self-condition; score.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from jaxtyping import Array, Bool, Int
+
+from dgemma.config import ModelConfig
+from dgemma.diffusion import corruption, losses, schedules
+from dgemma.model.cache import init_cache
+from dgemma.model.transformer import DiffusionGemma
+
+Batch = dict[str, Array]  # prompt [B,P] int, canvas [B,N·C] int, canvas_mask [B,N·C] bool
+
+
+def select_canvas(rng: jax.Array, canvas_mask_BxNC: Bool[Array, "B NC"], canvas_len: int) -> Int[Array, "B"]:
+  """s ~ U{0..n_valid-1} per example, n_valid = max(1, number of canvases holding any target token)."""
+  b, nc = canvas_mask_BxNC.shape
+  n_valid = jnp.maximum(jnp.sum(jnp.any(canvas_mask_BxNC.reshape(b, nc // canvas_len, canvas_len), -1), -1), 1)
+  return jnp.floor(jax.random.uniform(rng, (b,)) * n_valid).astype(jnp.int32)
+
+
+def take_canvas(x_BxNC: Array, s_B: Int[Array, "B"], canvas_len: int) -> Array:
+  b, nc = x_BxNC.shape
+  return x_BxNC.reshape(b, nc // canvas_len, canvas_len)[jnp.arange(b), s_B]
+
+
+def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, batch: Batch,
+            rng: jax.Array) -> tuple[jax.Array, dict[str, Array]]:
+  """Total loss and per-step metrics. `cfg` is the `diffusion` section of the training config."""
+  model = DiffusionGemma(config)
+  prompt, canvas, canvas_mask = batch["prompt"], batch["canvas"], batch["canvas_mask"]
+  b, p = prompt.shape
+  c = config.canvas_length
+  if canvas.shape[1] % c:
+    raise ValueError(f"canvas array of length {canvas.shape[1]} is not a whole number of canvases of {c}")
+  t_rng, noise_rng, s_rng, sc_rng = jax.random.split(rng, 4)
+
+  # 1. Noise level and corruption of every canvas.
+  t = corruption.sample_t(t_rng, b, cfg.t_eps)
+  alpha, dalpha = schedules.alpha_and_derivative(cfg.schedule, t)
+  x_t, _ = corruption.corrupt(noise_rng, canvas, alpha, config.vocab_size)
+  s = select_canvas(s_rng, canvas_mask, c)
+
+  # 2. Encoder: causal pass over [prompt ‖ clean canvases] builds the cache and the AR logits.
+  full = jnp.concatenate([prompt, canvas], axis=1)
+  valid = jnp.concatenate([prompt != config.pad_id, canvas_mask], axis=1)
+  want_ar = cfg.ar_loss_weight > 0
+  enc_logits, cache = model.apply({"params": params}, full, init_cache(config, b, full.shape[1]), valid, want_ar,
+                                  method=DiffusionGemma.encode)
+
+  # 3. Denoiser on canvas s, seeing the prompt and the clean canvases before s.
+  cache = cache.with_end(p + s * c)
+  xt_s, x0_s, mask_s = take_canvas(x_t, s, c), take_canvas(canvas, s, c), take_canvas(canvas_mask, s, c)
+  denoise = lambda sc_logits, sc_mask: model.apply(
+      {"params": params}, xt_s, cache, sc_logits, sc_mask, method=DiffusionGemma.denoise)
+  if cfg.self_cond_prob > 0:
+    first = jax.lax.stop_gradient(denoise(None, None))  # no signal, as the sampler's first step
+    use_sc = jax.random.bernoulli(sc_rng, cfg.self_cond_prob, (b,))
+    logits = denoise(first, use_sc)
+  else:
+    logits = denoise(None, None)
+
+  # 4. Losses.
+  if cfg.loss == "flat_ce":  # the official recipe: unweighted CE on every token of canvas s
+    per_token = losses.token_cross_entropy(logits, x0_s)
+  elif cfg.loss == "elbo":
+    per_token = losses.uniform_elbo_per_token(logits, x0_s, xt_s, alpha, dalpha)
+  else:
+    raise ValueError(f"unknown diffusion loss {cfg.loss!r}; choose 'flat_ce' or 'elbo'")
+  diffusion_B = losses.masked_mean(per_token, mask_s)
+  correct = (jnp.argmax(logits, -1) == x0_s).astype(jnp.float32)
+  metrics = {"diffusion_loss": jnp.mean(diffusion_B),
+             "diffusion_accuracy": jnp.mean(losses.masked_mean(correct, mask_s))}
+  total = cfg.diffusion_loss_weight * metrics["diffusion_loss"]
+  if want_ar:
+    ar_mask = valid[:, :-1] & valid[:, 1:]
+    ar_B = losses.masked_mean(losses.token_cross_entropy(enc_logits[:, :-1], full[:, 1:]), ar_mask)
+    metrics["ar_loss"] = jnp.mean(ar_B)
+    total = total + cfg.ar_loss_weight * metrics["ar_loss"]
+  metrics["loss"] = total
+  metrics["loss_by_t_sum"], metrics["loss_by_t_count"] = losses.noise_bin_stats(diffusion_B, t, cfg.num_noise_bins)
+  return total, metrics

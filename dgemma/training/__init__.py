@@ -1,0 +1,1 @@
+"""Training: LoRA, the optimizer, the diffusion train step, checkpointing and metrics."""

@@ -1,0 +1,77 @@
+"""Orbax checkpoints of a training run: train state + data-iterator state, async, atomic, keep-N.
+
+Layout of a workdir:
+    workdir/run.json          model config + task metadata (written once, read by sample.py / eval)
+    workdir/checkpoints/<step>/{state,data}
+    workdir/tb/               TensorBoard events
+Orbax writes each step into a temporary directory and renames it when complete, so a run killed mid-save
+leaves the previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from dgemma.checkpoints.native import config_from_dict, config_to_dict
+from dgemma.config import ModelConfig
+
+RUN_FILE = "run.json"
+
+
+class Checkpointer:
+  def __init__(self, workdir: str, keep: int = 3):
+    self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+    self._manager = ocp.CheckpointManager(
+        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+        item_names=("state", "data"))
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def save(self, step: int, state: Any, data_state: dict) -> None:
+    self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                     data=ocp.args.JsonSave(data_state)))
+
+  def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
+    out = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
+                                                              data=ocp.args.JsonRestore()))
+    return out["state"], out["data"]
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.close()
+
+
+def write_run_info(workdir: str, config: ModelConfig, metadata: dict) -> None:
+  os.makedirs(workdir, exist_ok=True)
+  tmp = os.path.join(workdir, RUN_FILE + ".tmp")
+  with open(tmp, "w") as f:
+    json.dump({"model": config_to_dict(config), "metadata": metadata}, f, indent=2)
+  os.replace(tmp, os.path.join(workdir, RUN_FILE))
+
+
+def load_inference(workdir: str, step: int | None = None) -> tuple[ModelConfig, dict, dict]:
+  """(config, params, metadata) of a run's latest (or given) checkpoint, LoRA merged into the weights."""
+  from dgemma.training.state import model_params  # avoids an import cycle at module load
+  run_file = os.path.join(workdir, RUN_FILE)
+  if not os.path.exists(run_file):
+    raise FileNotFoundError(f"{workdir} has checkpoints/ but no {RUN_FILE}; is it a dgemma training workdir?")
+  with open(run_file) as f:
+    info = json.load(f)
+  config = config_from_dict(info["model"])
+  manager = ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), "checkpoints"),
+                                  item_names=("state", "data"))
+  step = manager.latest_step() if step is None else step
+  if step is None:
+    raise FileNotFoundError(f"{workdir}/checkpoints holds no finished checkpoint")
+  state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+  manager.close()
+  params = model_params(state["trainable"], state.get("frozen"), config)
+  return config, jax.device_get(params), info.get("metadata", {})

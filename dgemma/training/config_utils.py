@@ -1,0 +1,40 @@
+"""Helpers for config files: `get_config("key=value,...")` variants and the model config a run uses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from dgemma import config as model_configs
+from dgemma.config import ModelConfig
+
+
+def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
+  """'a=1,b=x' -> ConfigDict(a=1, b='x'), typed by the defaults; an unknown key is an error."""
+  out = ml_collections.ConfigDict(defaults)
+  for item in filter(None, (arg or "").split(",")):
+    if "=" not in item:
+      raise ValueError(f"config argument {item!r} is not of the form key=value")
+    key, value = item.split("=", 1)
+    if key not in defaults:
+      raise ValueError(f"unknown config argument {key!r}; known: {sorted(defaults)}")
+    kind = type(defaults[key])
+    out[key] = (value.lower() in ("1", "true", "yes")) if kind is bool else kind(value)
+  return out
+
+
+PRESETS = {
+    "tiny_moe": model_configs.tiny_moe,
+    "diffusiongemma_26b_a4b": model_configs.diffusiongemma_26b_a4b,
+    "small_dense": model_configs.small_dense,
+}
+
+
+def model_config(preset: str, overrides: dict) -> ModelConfig:
+  if preset not in PRESETS:
+    raise ValueError(f"unknown model preset {preset!r}; choose from {sorted(PRESETS)}")
+  try:
+    return PRESETS[preset](**overrides)
+  except TypeError as e:
+    raise ValueError(f"bad model override for preset {preset!r}: {e}") from None

@@ -1,0 +1,65 @@
+"""The train state and the jitted train step.
+
+Under LoRA the optimizer sees only the adapters (`trainable`) and the base weights sit in `frozen`;
+under full fine-tuning `trainable` is the whole model and `frozen` is None. Trainable weights are kept in
+`master_dtype` (float32) while the forward pass runs in the model's param dtype (e.g. bf16).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from dgemma.config import ModelConfig
+from dgemma.diffusion import objective
+from dgemma.training import lora
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array  # int32 scalar: number of updates applied
+  trainable: Any
+  frozen: Any  # None unless LoRA
+  opt_state: Any
+
+
+def create(params: dict, tx: optax.GradientTransformation, lora_rank: int, rng: jax.Array,
+           master_dtype: str = "float32") -> TrainState:
+  if lora_rank > 0:
+    trainable, frozen = lora.init(params, lora_rank, rng), params
+  else:
+    trainable, frozen = jax.tree.map(lambda x: x.astype(master_dtype), params), None
+  return TrainState(step=jnp.zeros((), jnp.int32), trainable=trainable, frozen=frozen,
+                    opt_state=tx.init(trainable))
+
+
+def model_params(trainable, frozen, config: ModelConfig) -> dict:
+  """The parameters the forward pass runs on, in the model's dtype."""
+  if frozen is not None:
+    return lora.merge(frozen, trainable)
+  return jax.tree.map(lambda x: x.astype(config.param_dtype), trainable)
+
+
+def make_train_step(config: ModelConfig, diffusion_cfg: ml_collections.ConfigDict,
+                    tx: optax.GradientTransformation, seed: int) -> Callable:
+  """(state, batch) -> (state, metrics), jitted; the step's randomness is fold_in(key(seed), step), so a
+  resumed run draws exactly the numbers an uninterrupted one would."""
+
+  def step_fn(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+    rng = jax.random.fold_in(jax.random.key(seed), state.step)
+
+    def loss(trainable):
+      return objective.loss_fn(model_params(trainable, state.frozen, config), config, diffusion_cfg, batch, rng)
+
+    (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(state.trainable)
+    updates, opt_state = tx.update(grads, state.opt_state, state.trainable)
+    trainable = optax.apply_updates(state.trainable, updates)
+    metrics["grad_norm"] = optax.tree.norm(grads)
+    return state.replace(step=state.step + 1, trainable=trainable, opt_state=opt_state), metrics
+
+  return jax.jit(step_fn, donate_argnums=(0,))

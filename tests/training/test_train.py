@@ -1,0 +1,101 @@
+"""The training run end to end on the debug config: learning, resume, logs, errors."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import train
+from configs import sft_sudoku
+from dgemma.checkpoints import load_model
+from dgemma.training import checkpointing, metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def debug_config(tmp_path, **changes):
+  c = sft_sudoku.get_config("size=debug")
+  c.data.cache_dir = str(tmp_path / "data")
+  for key, value in changes.items():
+    node = c
+    *parents, last = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[last] = value
+  return c
+
+
+def _params(workdir):
+  return load_model(os.path.join(workdir, "model"))[1]
+
+
+def test_loss_goes_down(tmp_path):
+  c = debug_config(tmp_path, num_train_steps=60, checkpoint_every=1000, log_every=10,
+                   **{"optimizer.learning_rate": 3e-3, "optimizer.warmup_steps": 5, "optimizer.decay_steps": 60})
+  train.train(c, str(tmp_path / "run"))
+  scalars = metrics.read_scalars(str(tmp_path / "run" / "tb"))
+  loss = [v for _, v in sorted(scalars["loss"])]
+  assert loss[-1] < 0.8 * loss[0], loss
+
+
+def test_killed_run_resumes_bit_identically(tmp_path):
+  c = debug_config(tmp_path)  # 6 steps, checkpoint every 3
+  train.train(c, str(tmp_path / "straight"))
+  # "Killed" after 4 steps: the checkpoint at step 3 survives, step 4 is lost and redone on resume.
+  train.train(c, str(tmp_path / "resumed"), stop_at_step=4)
+  assert checkpointing.Checkpointer(str(tmp_path / "resumed")).latest_step() == 3
+  train.train(c, str(tmp_path / "resumed"))
+  a, b = _params(str(tmp_path / "straight")), _params(str(tmp_path / "resumed"))
+  assert jax.tree.all(jax.tree.map(lambda x, y: bool(np.array_equal(x, y)), a, b))
+
+
+def test_tensorboard_has_per_noise_level_tags(tmp_path):
+  train.train(debug_config(tmp_path), str(tmp_path / "run"))
+  tags = set(metrics.read_scalars(str(tmp_path / "run" / "tb")))
+  for tag in ("loss", "diffusion_loss", "ar_loss", "learning_rate", "grad_norm", "tokens_per_second",
+              "examples_per_second"):
+    assert tag in tags, tag
+  assert len([t for t in tags if t.startswith("loss_by_t/")]) >= 3  # 6 steps x 4 examples hit several bins
+
+
+def test_lora_trains_only_adapters_and_merges(tmp_path):
+  c = debug_config(tmp_path, lora_rank=2, num_train_steps=3)
+  train.train(c, str(tmp_path / "base_run"))
+  c2 = debug_config(tmp_path, lora_rank=2, num_train_steps=3, init_from=str(tmp_path / "base_run" / "model"),
+                    **{"optimizer.learning_rate": 1e-2, "optimizer.warmup_steps": 1})
+  train.train(c2, str(tmp_path / "lora_run"))
+  base, tuned = _params(str(tmp_path / "base_run")), _params(str(tmp_path / "lora_run"))
+  changed = {jax.tree_util.keystr(p) for p, x in jax.tree_util.tree_flatten_with_path(
+      jax.tree.map(lambda a, b: bool(np.any(a != b)), base, tuned))[0] if x}
+  assert any("q_proj" in k for k in changed) and any("mlp" in k for k in changed)
+  assert not any("embedding" in k or "norm" in k for k in changed), changed
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+  c = debug_config(tmp_path, num_train_steps=12)
+  train.train(c, str(tmp_path / "run"), stop_at_step=3)  # a good checkpoint at step 3
+  c.optimizer.learning_rate = 1e30  # diverges on resume
+  c.optimizer.warmup_steps = 1
+  with pytest.raises(train.TrainingError, match="last good checkpoint is step 3"):
+    train.train(c, str(tmp_path / "run"))
+  assert checkpointing.Checkpointer(str(tmp_path / "run")).latest_step() == 3
+
+
+def _run_cli(*args):
+  return subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_errors_are_one_line(tmp_path):
+  bad_key = _run_cli("--config=configs/sft_sudoku.py:size=debug", "--config.no_such_key=1",
+                     f"--workdir={tmp_path}/a")
+  assert bad_key.returncode != 0
+  assert "no_such_key" in bad_key.stderr and "Traceback" not in bad_key.stderr
+  missing = _run_cli("--config=configs/sft_sudoku.py:size=debug", f"--config.init_from={tmp_path}/nope",
+                     f"--workdir={tmp_path}/b")
+  assert missing.returncode != 0
+  assert missing.stderr.strip().splitlines()[-1] == f"train.py: error: checkpoint {tmp_path}/nope does not exist"
+  bad_variant = _run_cli("--config=configs/sft_sudoku.py:size=huge", f"--workdir={tmp_path}/c")
+  assert bad_variant.returncode != 0 and "unknown size 'huge'" in bad_variant.stderr

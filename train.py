@@ -1,0 +1,167 @@
+"""Train a DiffusionGemma-style model.
+
+    python train.py --config=configs/sft_sudoku.py [--workdir=DIR] [--config.key=value ...]
+
+The workdir holds checkpoints (a restarted run resumes from the latest), TensorBoard events (tb/) and,
+at the end, the inference checkpoint (model/) that sample.py and scripts/eval_sudoku.py read.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+from dgemma import checkpoints, model
+from dgemma.data import sudoku, sudoku_formats, sudoku_task
+from dgemma.training import checkpointing, metrics as metrics_lib, optimizer, state as state_lib
+from dgemma.training.config_utils import model_config
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (configs/*.py[:args]).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, logs and the final model (default workdirs/<config>).")
+
+# Model fields that may differ from an init_from checkpoint: they change computation, not shapes.
+_RUNTIME_FIELDS = {"remat", "attention_impl", "moe_impl", "param_dtype", "canvas_length", "stop_ids"}
+
+
+class TrainingError(Exception):
+  """A run stopped for a reason the user must see in one line (e.g. a NaN loss)."""
+
+
+def build_model(c: ml_collections.ConfigDict):
+  overrides = c.model.to_dict()
+  if not c.init_from:
+    config = model_config(c.model_preset, overrides)
+    return config, model.init_params(config, jax.random.key(c.seed)), {}
+  config, params, metadata = checkpoints.load_model(os.path.expanduser(c.init_from))
+  for key, value in overrides.items():
+    value = tuple(value) if isinstance(value, list) else value
+    if key not in _RUNTIME_FIELDS and getattr(config, key) != value:
+      raise ValueError(f"config.model.{key}={value!r} differs from the init_from checkpoint ({getattr(config, key)!r})")
+  config = config.replace(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in overrides.items()
+                             if k in _RUNTIME_FIELDS})
+  return config, jax.tree.map(lambda x: x.astype(config.param_dtype), params), metadata
+
+
+def build_data(c: ml_collections.ConfigDict, config):
+  d = c.data
+  if d.task != "sudoku_digits":
+    raise ValueError(f"unknown data.task {d.task!r}; available: 'sudoku_digits'")
+  if d.csv:
+    data = sudoku_formats.read_csv(os.path.expanduser(d.csv))
+  else:
+    data = sudoku.generate_dataset(d.num_train, d.seed, d.min_clues, d.max_clues,
+                                   cache_dir=os.path.expanduser(d.cache_dir) if d.cache_dir else None)
+  ds = sudoku_task.make_train_dataset(
+      data, c.batch_size, d.prompt_len, config.canvas_length, seed=c.seed, augment=d.augment,
+      shard_index=jax.process_index(), shard_count=jax.process_count())
+  metadata = {"task": {"name": d.task, "prompt_len": d.prompt_len}}
+  return ds, metadata
+
+
+def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None = None) -> dict:
+  """Runs (or resumes) training; returns the last logged metrics. `stop_at_step` ends the run early
+  without a final checkpoint, as a preemption would (tests use it)."""
+  # --- Model --------------------------------------------------------------------------------------
+  config, params, _ = build_model(c)
+  # --- Data ---------------------------------------------------------------------------------------
+  dataset, task_metadata = build_data(c, config)
+  data_iter = iter(dataset)
+  checkpointing.write_run_info(workdir, config, task_metadata)
+  # --- Optimizer and state ------------------------------------------------------------------------
+  tx = optimizer.make_optimizer(c.optimizer)
+  lr_schedule = optimizer.learning_rate_schedule(c.optimizer)
+  state = state_lib.create(params, tx, c.lora_rank, jax.random.key(c.seed + 1), c.optimizer.master_dtype)
+  del params
+  train_step = state_lib.make_train_step(config, c.diffusion, tx, c.seed)
+  # --- Resume -------------------------------------------------------------------------------------
+  ckpt = checkpointing.Checkpointer(workdir, keep=c.keep_checkpoints)
+  start = ckpt.latest_step() or 0
+  if start:
+    state, data_state = ckpt.restore(start, jax.tree.map(np.asarray, state))
+    data_iter.set_state(data_state)
+    print(f"Resumed from step {start} ({ckpt.directory})", flush=True)
+  last_saved = start
+  # --- Loop ---------------------------------------------------------------------------------------
+  tokens_per_example = c.data.prompt_len + config.canvas_length
+  logger = metrics_lib.MetricsLogger(os.path.join(workdir, "tb") if jax.process_index() == 0 else None,
+                                     c.num_train_steps, tokens_per_example, c.batch_size)
+  last_scalars: dict = {}
+  pending = None  # (step, device metrics) read one step late, so the host never stalls the device
+
+  def consume(step: int, device_metrics: dict) -> None:
+    nonlocal last_scalars
+    host = jax.device_get(device_metrics)
+    if not np.isfinite(host["loss"]):
+      raise TrainingError(f"loss is {host['loss']} at step {step}; stopping. The last good checkpoint is step "
+                          f"{last_saved} in {ckpt.directory}")
+    logger.add(step, host)
+    if step % c.log_every == 0 or step == c.num_train_steps:
+      last_scalars = logger.flush(step, {"learning_rate": float(lr_schedule(step - 1))})
+
+  print(f"Training {sum(x.size for x in jax.tree.leaves(state.trainable)):,} parameters "
+        f"({'LoRA rank %d' % c.lora_rank if c.lora_rank else 'full'}) for {c.num_train_steps} steps; "
+        f"workdir {workdir}", flush=True)
+  try:
+    for step in range(start, c.num_train_steps):
+      if stop_at_step is not None and step >= stop_at_step:
+        break
+      batch = next(data_iter)
+      state, step_metrics = train_step(state, {k: batch[k] for k in ("prompt", "canvas", "canvas_mask")})
+      if pending is not None:
+        consume(*pending)
+      pending = (step + 1, step_metrics)
+      if (step + 1) % c.checkpoint_every == 0 or step + 1 == c.num_train_steps:
+        consume(*pending)  # never checkpoint a state whose loss was not finite
+        pending = None
+        ckpt.save(step + 1, state, data_iter.get_state())
+        last_saved = step + 1
+    if pending is not None:
+      consume(*pending)
+  finally:
+    ckpt.wait()
+    ckpt.close()
+    logger.close()
+  # --- Export -------------------------------------------------------------------------------------
+  if stop_at_step is None and jax.process_index() == 0:
+    final = state_lib.model_params(state.trainable, state.frozen, config)
+    checkpoints.save_model(os.path.join(workdir, "model"), config, final, task_metadata)
+    print(f"Saved the final model to {os.path.join(workdir, 'model')}", flush=True)
+  return last_scalars
+
+
+def main(argv):
+  del argv
+  c = _CONFIG.value
+  if c is None:
+    raise app.UsageError("--config is required, e.g. --config=configs/sft_sudoku.py")
+  name = os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]
+  workdir = _WORKDIR.value or os.path.join("workdirs", name)
+  try:
+    train(c, workdir)
+  except (TrainingError, ValueError, FileNotFoundError) as e:
+    if os.environ.get("DGEMMA_TRACEBACK"):
+      raise
+    sys.exit(f"train.py: error: {e}")
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl parsing, with config-file and `--config.key=value` mistakes reported in one line."""
+  try:
+    return flags.FLAGS(argv)
+  except AttributeError as e:  # ml_collections: an override names a key the config does not have
+    sys.exit(f"{os.path.basename(argv[0])}: error: unknown config key {str(e).strip(chr(34))} in a --config override")
+  except (ValueError, TypeError, KeyError, flags.Error) as e:
+    lines = [line for line in str(e).splitlines() if line.strip()]  # config errors arrive with a traceback
+    sys.exit(f"{os.path.basename(argv[0])}: error: {lines[0].rstrip(':')}" + (f": {lines[-1]}" if len(lines) > 1 else ""))
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=parse_flags)
