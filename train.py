@@ -20,7 +20,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from dgemma import checkpoints, model
-from dgemma.data import sudoku, sudoku_formats, sudoku_task
+from dgemma.data import sudoku, sudoku_formats, sudoku_task, sudoku_text
+from dgemma.data.tokenizer import load_tokenizer
 from dgemma.training import checkpointing, metrics as metrics_lib, optimizer, state as state_lib
 from dgemma.training.config_utils import model_config
 
@@ -51,19 +52,31 @@ def build_model(c: ml_collections.ConfigDict):
 
 
 def build_data(c: ml_collections.ConfigDict, config):
+  """The training stream and the task metadata that sampling/eval need to read the model's outputs."""
   d = c.data
-  if d.task != "sudoku_digits":
-    raise ValueError(f"unknown data.task {d.task!r}; available: 'sudoku_digits'")
   if d.csv:
     data = sudoku_formats.read_csv(os.path.expanduser(d.csv))
   else:
     data = sudoku.generate_dataset(d.num_train, d.seed, d.min_clues, d.max_clues,
                                    cache_dir=os.path.expanduser(d.cache_dir) if d.cache_dir else None)
-  ds = sudoku_task.make_train_dataset(
-      data, c.batch_size, d.prompt_len, config.canvas_length, seed=c.seed, augment=d.augment,
-      shard_index=jax.process_index(), shard_count=jax.process_count())
-  metadata = {"task": {"name": d.task, "prompt_len": d.prompt_len}}
-  return ds, metadata
+  common = dict(batch_size=c.batch_size, prompt_len=d.prompt_len, canvas_len=config.canvas_length, seed=c.seed,
+                augment=d.augment, shard_index=jax.process_index(), shard_count=jax.process_count())
+  task = {"name": d.task, "prompt_len": d.prompt_len}
+  if d.task == "sudoku_digits":
+    if config.vocab_size < sudoku_task.DIGIT_VOCAB_SIZE:
+      raise ValueError(f"sudoku_digits needs vocab_size >= {sudoku_task.DIGIT_VOCAB_SIZE}, got {config.vocab_size}")
+    return sudoku_task.make_train_dataset(data, **common), {"task": task}
+  if d.task == "sudoku_text":  # the official format, tokenised with the checkpoint's tokenizer
+    tokenizer_path = os.path.expanduser(d.tokenizer or c.init_from)
+    if not tokenizer_path:
+      raise ValueError("data.task='sudoku_text' needs data.tokenizer or init_from (a directory with a tokenizer)")
+    tok = load_tokenizer(tokenizer_path)
+    if tok.vocab_size > config.vocab_size or tok.pad_id != config.pad_id:
+      raise ValueError(f"tokenizer {tokenizer_path} (vocab {tok.vocab_size}, pad {tok.pad_id}) does not fit the "
+                       f"model (vocab {config.vocab_size}, pad {config.pad_id})")
+    task["tokenizer"] = os.path.abspath(tokenizer_path)
+    return sudoku_text.make_train_dataset(tok, data, **common), {"task": task}
+  raise ValueError(f"unknown data.task {d.task!r}; available: 'sudoku_digits', 'sudoku_text'")
 
 
 def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None = None) -> dict:

@@ -49,6 +49,9 @@ class ModelConfig:
   attention_impl: str = "xla"  # "xla" or "pallas"
   moe_impl: str = "xla"  # "xla" (lax.ragged_dot) or "pallas"
   remat: bool = False  # gradient checkpointing of every block
+  # > 0: a learned absolute position embedding for this many positions is added to the token embedding.
+  # Not part of Gemma (0 there); it helps small models trained from scratch on grid tasks such as Sudoku.
+  learned_positions: int = 0
 
   def __post_init__(self):
     if len(self.layer_types) != self.num_layers:
@@ -162,6 +165,8 @@ class ModelConfig:
 
   def to_hf(self) -> dict[str, Any]:
     """The HF `config.json` dict for this model (text part; vision config kept minimal)."""
+    if self.learned_positions:
+      raise ValueError("HF DiffusionGemma has no learned position embedding; learned_positions must be 0 to export")
     if not self.global_k_eq_v:
       raise ValueError("HF DiffusionGemma has no V projection on global layers; global_k_eq_v must be True")
     if self.num_experts == 0:

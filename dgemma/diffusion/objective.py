@@ -53,8 +53,10 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
   full = jnp.concatenate([prompt, canvas], axis=1)
   valid = jnp.concatenate([prompt != config.pad_id, canvas_mask], axis=1)
   want_ar = cfg.ar_loss_weight > 0
-  enc_logits, cache = model.apply({"params": params}, full, init_cache(config, b, full.shape[1]), valid, want_ar,
-                                  method=DiffusionGemma.encode)
+  # Without the AR loss only what the denoiser reads is encoded: the last canvas is never context.
+  enc_len = full.shape[1] if want_ar else full.shape[1] - c
+  enc_logits, cache = model.apply({"params": params}, full[:, :enc_len], init_cache(config, b, enc_len),
+                                  valid[:, :enc_len], want_ar, method=DiffusionGemma.encode)
 
   # 3. Denoiser on canvas s, seeing the prompt and the clean canvases before s.
   cache = cache.with_end(p + s * c)

@@ -46,6 +46,8 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxD: Array, positions_BxT: Int[Array, "B T"], mask: Bool[Array, "B T S"],
                layer_kv: tuple[Array, Array], write_at: Int[Array, "B"] | None):
+    """`mask` is dense [B, T, S] for the XLA attention, a `pallas_kernels.mask_spec.AttentionMask` (the same
+    mask, structured so hidden key blocks can be skipped) when config.attention_impl == "pallas"."""
     cfg, kind = self.config, self.kind
     dt = param_dtype(cfg)
     d, n, kv, h = cfg.width, cfg.num_heads, cfg.num_kv_heads(kind), cfg.head_dim(kind)

@@ -151,12 +151,17 @@ class Embedder(nn.Module):
   def setup(self):
     cfg = self.config
     self.embedding = self.param("embedding", init_normal, (cfg.vocab_size, cfg.width), param_dtype(cfg))
+    if cfg.learned_positions:
+      self.positions = self.param("positions", init_normal, (cfg.learned_positions, cfg.width), param_dtype(cfg))
 
   def scale(self) -> Array:
     return jnp.asarray(math.sqrt(self.config.width), jnp.float32).astype(self.embedding.dtype)
 
-  def encode(self, tokens_BxT: Int[Array, "B T"]) -> Array:
-    return jnp.take(self.embedding, tokens_BxT, axis=0) * self.scale()
+  def encode(self, tokens_BxT: Int[Array, "B T"], positions_BxT: Int[Array, "B T"]) -> Array:
+    x = jnp.take(self.embedding, tokens_BxT, axis=0) * self.scale()
+    if self.config.learned_positions:
+      x = x + jnp.take(self.positions, positions_BxT, axis=0, mode="clip")
+    return x
 
   def encode_soft(self, logits_BxTxV: Float[Array, "B T V"]) -> Array:
     """Soft embedding of logits: softmax(ℓ) @ E · sqrt(D) (self-conditioning input)."""

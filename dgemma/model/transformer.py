@@ -84,6 +84,14 @@ class DiffusionGemma(nn.Module):
   def _window(self, kind: str) -> int | None:
     return self.config.sliding_window if kind == LOCAL else None
 
+  def _mask_builders(self):
+    """(encoder, denoiser) mask builders: dense boolean masks for the XLA attention; for the Pallas kernel the
+    same masks in structured form (same arguments), which let it skip every key block they hide."""
+    if self.config.attention_impl == "pallas":
+      from pallas_kernels.mask_spec import AttentionMask  # jax.numpy only: importing it pulls in no Pallas
+      return AttentionMask.causal, AttentionMask.denoiser
+    return masks.encoder_mask, masks.denoiser_mask
+
   def encode(self, tokens_BxT: Int[Array, "B T"], cache: KVCache,
              token_valid_BxT: Bool[Array, "B T"] | None = None, compute_logits: bool = True):
     b, t = tokens_BxT.shape
@@ -92,8 +100,9 @@ class DiffusionGemma(nn.Module):
     start = cache.end
     positions = start[:, None] + jnp.arange(t)[None, :]
     valid = write_rows(cache.valid, token_valid_BxT, start)
-    masks_by_kind = {k: masks.encoder_mask(positions, valid, self._window(k)) for k in (LOCAL, GLOBAL)}
-    x = self.embedder.encode(tokens_BxT)
+    encoder_mask, _ = self._mask_builders()
+    masks_by_kind = {k: encoder_mask(positions, valid, self._window(k)) for k in (LOCAL, GLOBAL)}
+    x = self.embedder.encode(tokens_BxT, positions)
     x, keys, values = self._layers(x, positions, masks_by_kind, cache, start)
     new_cache = KVCache(keys=tuple(keys), values=tuple(values), valid=valid, end=start + t)
     logits = self.embedder.decode(x) if compute_logits else None
@@ -103,7 +112,8 @@ class DiffusionGemma(nn.Module):
               self_conditioning_logits: Float[Array, "B C V"] | None = None,
               self_conditioning_mask: Bool[Array, "B"] | None = None) -> Float[Array, "B C V"]:
     b, c = canvas_BxC.shape
-    x = self.embedder.encode(canvas_BxC)
+    positions = cache.end[:, None] + jnp.arange(c)[None, :]
+    x = self.embedder.encode(canvas_BxC, positions)
     if self_conditioning_logits is None:
       soft = jnp.zeros_like(x)  # "no signal": exactly HF's self_conditioning_logits=None
     else:
@@ -111,8 +121,8 @@ class DiffusionGemma(nn.Module):
       if self_conditioning_mask is not None:
         soft = soft * self_conditioning_mask[:, None, None].astype(soft.dtype)
     x = self.self_conditioning(x, soft)
-    positions = cache.end[:, None] + jnp.arange(c)[None, :]
-    masks_by_kind = {k: masks.denoiser_mask(cache.end, cache.valid, c, self._window(k)) for k in (LOCAL, GLOBAL)}
+    _, denoiser_mask = self._mask_builders()
+    masks_by_kind = {k: denoiser_mask(cache.end, cache.valid, c, self._window(k)) for k in (LOCAL, GLOBAL)}
     x, _, _ = self._layers(x, positions, masks_by_kind, cache, None)
     return self.embedder.decode(x)
 

@@ -70,3 +70,18 @@ def test_cache_overflow_is_a_clear_error(params):
   _, cache = model.encode(params, CONFIG, _tokens(0, (1, 6)), cache)
   with pytest.raises(ValueError, match="cache slots"):
     model.encode(params, CONFIG, _tokens(1, (1, 4)), cache)
+
+
+def test_learned_positions_keep_append_equal_to_single_pass():
+  config = CONFIG.replace(learned_positions=32)
+  params = model.init_params(config, jax.random.key(5))
+  assert params["embedder"]["positions"].shape == (32, config.width)
+  prompt, canvas = _tokens(10, (1, 7)), _tokens(11, (1, 8))
+  cache = model.init_cache(config, 1, 24)
+  _, cache_a = model.encode(params, config, prompt, cache)
+  logits_b, _ = model.encode(params, config, canvas, cache_a)
+  logits_ab, _ = model.encode(params, config, jnp.concatenate([prompt, canvas], 1), cache)
+  np.testing.assert_allclose(logits_b, logits_ab[:, 7:], atol=1e-5)
+  # The embedding is really used: shifting the cache offset changes the canvas logits.
+  shifted = model.denoise(params, config, canvas, cache_a.replace(end=cache_a.end + 3))
+  assert float(jnp.abs(shifted - model.denoise(params, config, canvas, cache_a)).max()) > 1e-4

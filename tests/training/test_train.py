@@ -16,8 +16,8 @@ from dgemma.training import checkpointing, metrics
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def debug_config(tmp_path, **changes):
-  c = sft_sudoku.get_config("size=debug")
+def debug_config(tmp_path, arg="size=debug", **changes):
+  c = sft_sudoku.get_config(arg)
   c.data.cache_dir = str(tmp_path / "data")
   for key, value in changes.items():
     node = c
@@ -53,7 +53,7 @@ def test_killed_run_resumes_bit_identically(tmp_path):
 
 
 def test_tensorboard_has_per_noise_level_tags(tmp_path):
-  train.train(debug_config(tmp_path), str(tmp_path / "run"))
+  train.train(debug_config(tmp_path, "size=debug,official=true"), str(tmp_path / "run"))
   tags = set(metrics.read_scalars(str(tmp_path / "run" / "tb")))
   for tag in ("loss", "diffusion_loss", "ar_loss", "learning_rate", "grad_norm", "tokens_per_second",
               "examples_per_second"):
@@ -99,3 +99,22 @@ def test_cli_errors_are_one_line(tmp_path):
   assert missing.stderr.strip().splitlines()[-1] == f"train.py: error: checkpoint {tmp_path}/nope does not exist"
   bad_variant = _run_cli("--config=configs/sft_sudoku.py:size=huge", f"--workdir={tmp_path}/c")
   assert bad_variant.returncode != 0 and "unknown size 'huge'" in bad_variant.stderr
+
+
+def test_official_text_format_from_an_hf_checkpoint(tmp_path):
+  """The real-model variant (`:init=DIR`, LoRA, text format with the checkpoint's tokenizer) on a tiny random
+  HF DiffusionGemma with a tiny character tokenizer saved beside it."""
+  from tests.data.test_sudoku_text import CHARS, SPECIALS, _save_tokenizer
+  from tests.hf_reference import random_hf_model
+  ckpt = tmp_path / "hf"
+  random_hf_model(seed=0, vocab_size=len(SPECIALS) + len(CHARS) + 1).save_pretrained(ckpt)
+  _save_tokenizer(str(ckpt / "tokenizer.json"))
+  c = sft_sudoku.get_config(f"init={ckpt},size=debug")
+  c.data.cache_dir = str(tmp_path / "data")
+  c.data.num_train, c.data.prompt_len = 50, 512
+  c.model.canvas_length = 168
+  c.num_train_steps, c.batch_size, c.log_every, c.checkpoint_every = 2, 2, 1, 2
+  out = train.train(c, str(tmp_path / "run"))
+  assert np.isfinite(out["loss"]) and out["ar_loss"] > 0  # the official recipe's AR loss is on
+  config, params, meta = load_model(str(tmp_path / "run" / "model"))
+  assert meta["task"]["name"] == "sudoku_text" and config.canvas_length == 168
