@@ -1,0 +1,122 @@
+"""One denoising step's token decisions: statistics of the tempered distribution, candidate sampling,
+entropy-bounded acceptance and renoising (spec §5.1 c-e).
+
+The vocabulary-wide passes are the sampler's whole cost beyond the network, so `analyse` does them once
+for arg-max, entropy and sampling together: the vocabulary is split into blocks of about sqrt(V) entries,
+full-width work is one max, one exp and two dot products, and the rest (first arg-max, inverse CDF) runs on
+per-block summaries and a single block.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.struct
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+
+def block_size(vocab_size: int) -> int:
+  """The divisor of `vocab_size` closest to its square root (512 for 262144, 64 for 4096)."""
+  root = math.sqrt(vocab_size)
+  divisors = [d for d in range(1, math.isqrt(vocab_size) + 1) if vocab_size % d == 0]
+  divisors += [vocab_size // d for d in divisors]
+  return min(divisors, key=lambda d: (abs(d - root), d))
+
+
+def _blocks(x_BxCxV: Array) -> Array:
+  v = x_BxCxV.shape[-1]
+  k = block_size(v)
+  return x_BxCxV.reshape(*x_BxCxV.shape[:-1], v // k, k)
+
+
+def _first_true(mask: Bool[Array, "... N"]) -> Int[Array, "..."]:
+  """Index of the first True along the last axis (N if none)."""
+  n = mask.shape[-1]
+  return jnp.min(jnp.where(mask, jnp.arange(n, dtype=jnp.int32), n), axis=-1)
+
+
+def _take_block(blocks: Array, index: Int[Array, "..."]) -> Array:
+  """blocks[..., index, :] for a per-position block index."""
+  return jnp.take_along_axis(blocks, index[..., None, None], axis=-2)[..., 0, :]
+
+
+@flax.struct.dataclass
+class TokenStats:
+  """What one step needs from the tempered distribution at each position."""
+  argmax: Int[Array, "B C"]  # first arg-max (ties go to the lowest id, as torch.argmax)
+  entropy: Float[Array, "B C"]  # nats
+  sample: Int[Array, "B C"] | None  # a draw from softmax(logits), when uniforms were given
+
+
+def analyse(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "B C"] | None = None) -> TokenStats:
+  """Arg-max, entropy and (given one uniform in [0, 1) per position) a sample, sharing one exp pass.
+
+  Sampling is by inverse CDF in two levels: the block from the cumulative block masses, then the token
+  inside that block. Only positive-probability tokens can come out: when rounding puts the target at or
+  past the end, the clamps keep the choice on the last block / token that has mass.
+  """
+  logits = logits_BxCxV.astype(jnp.float32)
+  blocks = _blocks(logits)
+  nb, k = blocks.shape[-2:]
+  block_max = jnp.max(blocks, axis=-1)
+  top = jnp.max(block_max, axis=-1)
+  top_blk = _first_true(block_max == top[..., None])
+  argmax = top_blk * k + _first_true(_take_block(blocks, top_blk) == top[..., None])
+
+  # Clamped like torch's Categorical, so that a -inf logit adds 0 * finite (not NaN) to the entropy.
+  z = jnp.maximum(blocks - top[..., None, None], jnp.finfo(jnp.float32).min)
+  e = jnp.exp(z)  # unnormalised probabilities, [.., nb, k]
+  # H = log Z - E_p[z]. Both vocabulary-wide sums are dot products: XLA:CPU runs reductions that share an
+  # operand several times slower than one dot each.
+  block_mass = jnp.einsum("...nk,k->...n", e, jnp.ones((k,), e.dtype))
+  total = jnp.sum(block_mass, axis=-1)
+  weighted = jnp.einsum("...nk,...nk->...", e, z)
+  entropy = jnp.log(total) - weighted / total
+  if uniform_BxC is None:
+    return TokenStats(argmax=argmax, entropy=entropy, sample=None)
+
+  block_cdf = jnp.cumsum(block_mass, axis=-1)
+  target = uniform_BxC * block_cdf[..., -1]
+  last_block = nb - 1 - _first_true(jnp.flip(block_mass > 0, axis=-1))
+  blk = jnp.minimum(jnp.sum(block_cdf <= target[..., None], axis=-1), last_block)
+  before = jnp.where(blk > 0, jnp.take_along_axis(block_cdf, jnp.maximum(blk - 1, 0)[..., None], -1)[..., 0], 0.0)
+  inner = _take_block(e, blk)
+  inner_cdf = before[..., None] + jnp.cumsum(inner, axis=-1)
+  last_nonzero = k - 1 - _first_true(jnp.flip(inner > 0, axis=-1))
+  within = jnp.minimum(jnp.sum(inner_cdf <= target[..., None], axis=-1), last_nonzero)
+  return TokenStats(argmax=argmax, entropy=entropy, sample=(blk * k + within).astype(jnp.int32))
+
+
+def argmax(logits_BxCxV: Float[Array, "B C V"]) -> Int[Array, "B C"]:
+  """First arg-max over the vocabulary."""
+  return analyse(logits_BxCxV).argmax
+
+
+def entropy(logits_BxCxV: Float[Array, "B C V"]) -> Float[Array, "B C"]:
+  """Entropy of softmax(logits) per position, in nats (float32)."""
+  return analyse(logits_BxCxV).entropy
+
+
+def sample_categorical(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "B C"]) -> Int[Array, "B C"]:
+  """One token per position from softmax(logits), with one uniform in [0, 1) per position."""
+  return analyse(logits_BxCxV, uniform_BxC).sample
+
+
+def entropy_bounded_accept(entropy_BxC: Float[Array, "B C"], bound: float) -> Bool[Array, "B C"]:
+  """Accept the lowest-entropy positions while the entropy summed over the lower ones stays <= bound.
+
+  Sorted ascending, position j is accepted iff sum_{m<j} H_(m) <= bound (HF's `accept_canvas`); the
+  lowest-entropy position is therefore always accepted.
+  """
+  order = jnp.argsort(entropy_BxC, axis=-1)
+  sorted_h = jnp.take_along_axis(entropy_BxC, order, axis=-1)
+  accept_sorted = jnp.cumsum(sorted_h, axis=-1) - sorted_h <= bound
+  rank = jnp.argsort(order, axis=-1)  # inverse permutation: where each position landed in the sort
+  return jnp.take_along_axis(accept_sorted, rank, axis=-1)
+
+
+def renoise(accept_BxC: Bool[Array, "B C"], candidates_BxC: Int[Array, "B C"],
+            noise_BxC: Int[Array, "B C"]) -> Int[Array, "B C"]:
+  """Accepted positions take the sampled candidate; every other position a fresh uniform token."""
+  return jnp.where(accept_BxC, candidates_BxC, noise_BxC)

@@ -1,0 +1,294 @@
+"""Block-diffusion generation (spec §5): every canvas and every denoising step in one jitted program.
+
+    out = generate(params, config, prompt_BxP, prompt_valid_BxP, jax.random.key(0), SamplerConfig())
+    out.tokens  # [B, num_canvases * C], pad after the first stop token
+
+Per canvas and batch row: a uniform random canvas; then up to `max_denoising_steps` steps of denoise ->
+temperature -> sample candidates -> entropy-bounded acceptance -> renoise -> self-condition on the tempered
+logits, with a per-row adaptive stop (rows that stop are frozen while the others continue). The argmax canvas
+of the last step is truncated after its first stop token, committed to the KV cache through the encoder, and
+the next canvas starts, until every row has stopped or `max_new_tokens` are reached. The semantics are
+Hugging Face's `DiffusionGemmaGenerationMixin.generate`; randomness is per row (a row's result does not
+depend on the rest of its batch), so the random draws differ from torch's.
+
+Both loops are `lax.while_loop`s: one compilation per (model config, sampler config, shapes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int
+
+from dgemma.config import ModelConfig
+from dgemma.model.cache import KVCache, init_cache
+from dgemma.model.transformer import DiffusionGemma
+from dgemma.sampling import acceptance, schedules, stopping
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+  """Sampler knobs; the defaults are the released model's (HF `generation_config.json`).
+
+  `canvas_length=None` and `stop_ids=None` take the model config's values. Hashable: jit specialises on it.
+  """
+
+  max_denoising_steps: int = 48
+  entropy_bound: float = 0.1
+  t_max: float = 0.8
+  t_min: float = 0.4
+  schedule: str = "linear"  # "linear" (HF), "cosine" or "constant" (t_max throughout)
+  adaptive_stopping: bool = True
+  stability_threshold: int = 1
+  confidence_threshold: float = 0.005
+  max_new_tokens: int = 256
+  canvas_length: int | None = None
+  stop_ids: tuple[int, ...] | None = None
+  return_trajectory: bool = False  # also return the argmax canvas of every step
+
+  def __post_init__(self):
+    if self.stop_ids is not None:
+      object.__setattr__(self, "stop_ids", tuple(int(t) for t in self.stop_ids))
+    for name in ("max_denoising_steps", "max_new_tokens"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if self.canvas_length is not None and (isinstance(self.canvas_length, bool) or self.canvas_length < 1):
+      raise ValueError(f"canvas_length must be a positive integer, got {self.canvas_length!r}")
+    if isinstance(self.stability_threshold, bool) or self.stability_threshold < 0:
+      raise ValueError(f"stability_threshold must be an integer >= 0, got {self.stability_threshold!r}")
+    if not self.entropy_bound > 0:
+      raise ValueError(f"entropy_bound must be > 0, got {self.entropy_bound!r}")
+    if not self.confidence_threshold > 0:
+      raise ValueError(f"confidence_threshold must be > 0, got {self.confidence_threshold!r}")
+    schedules.check(self.schedule, self.t_max, self.t_min)
+
+  def resolve(self, config: ModelConfig) -> "SamplerConfig":
+    """This config with the model's canvas length and stop ids filled in where unset."""
+    return dataclasses.replace(
+        self,
+        canvas_length=self.canvas_length or config.canvas_length,
+        stop_ids=config.stop_ids if self.stop_ids is None else self.stop_ids)
+
+  def num_canvases(self, canvas_length: int) -> int:
+    return math.ceil(self.max_new_tokens / canvas_length)
+
+
+@flax.struct.dataclass
+class GenerateOutput:
+  tokens: Int[Array, "B T"]  # T = num_canvases * C; pad after a row's first stop token and in unrun canvases
+  steps_per_canvas: Int[Array, "B N"]  # denoiser passes counted for each row and canvas (0: not run / done)
+  tokens_per_forward: Float[Array, "B"]  # HF's metric: non-pad generated tokens / counted denoiser passes
+  trajectory: Int[Array, "B N S C"] | None = None  # argmax canvas after each step; -1 where no step ran
+
+
+@flax.struct.dataclass
+class _StepState:
+  step: Int[Array, ""]
+  canvas: Int[Array, "B C"]
+  argmax: Int[Array, "B C"]
+  sc_logits: Array  # [B, C, V] tempered logits of the previous step, in the embedding dtype
+  finished: Bool[Array, "B"]
+  history: Int[Array, "S B C"]
+  steps: Int[Array, "B"]
+  trajectory: Int[Array, "B N C"]
+
+
+@flax.struct.dataclass
+class _CanvasState:
+  index: Int[Array, ""]
+  cache: KVCache
+  tokens: Int[Array, "B N C"]
+  steps: Int[Array, "B N"]
+  finished: Bool[Array, "B"]
+  trajectory: Int[Array, "B N S C"]
+
+
+def _per_row(fn, keys_B, *args):
+  return jax.vmap(fn)(keys_B, *args)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "sampler", "cache_len"))
+def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, row_keys_B: Array,
+              initial_BxNxC: Array | None, *, config: ModelConfig, sampler: SamplerConfig,
+              cache_len: int) -> GenerateOutput:
+  s = sampler
+  model = DiffusionGemma(config)
+  variables = {"params": params}
+  b = prompt_BxP.shape[0]
+  c, n_steps, vocab = s.canvas_length, s.max_denoising_steps, config.vocab_size
+  n_canvases = s.num_canvases(c)
+  sc_dtype = jnp.dtype(config.param_dtype)  # HF casts the self-conditioning logits to the embedding dtype
+  traj_steps = n_steps if s.return_trajectory else 0
+
+  def encode(tokens, cache, valid):
+    return model.apply(variables, tokens, cache, valid, False, method=DiffusionGemma.encode)[1]
+
+  def denoise_canvas(cache: KVCache, canvas0: Array, keys_B: Array, done_B: Array):
+    def cond(st: _StepState):
+      return (st.step < n_steps) & ~jnp.all(st.finished)
+
+    def body(st: _StepState) -> _StepState:
+      steps = st.steps + (~st.finished).astype(jnp.int32)  # counted before the pass, as HF
+      has_sc = jnp.broadcast_to(st.step > 0, (b,))  # the first step has no self-conditioning signal
+      raw = model.apply(variables, st.canvas, cache, st.sc_logits, has_sc, method=DiffusionGemma.denoise)
+      temp = schedules.temperature(s.schedule, s.t_max, s.t_min, n_steps - st.step, n_steps)
+      logits = raw / temp
+      step_keys = _per_row(jax.random.fold_in, keys_B, jnp.broadcast_to(st.step, (b,)))
+      sample_keys, noise_keys = jnp.moveaxis(_per_row(jax.random.split, step_keys), 1, 0)
+      uniform = _per_row(lambda k: jax.random.uniform(k, (c,)), sample_keys)
+      noise = _per_row(lambda k: jax.random.randint(k, (c,), 0, vocab, jnp.int32), noise_keys)
+      stats = acceptance.analyse(logits, uniform)
+      accept = acceptance.entropy_bounded_accept(stats.entropy, s.entropy_bound)
+      canvas = acceptance.renoise(accept, stats.sample, noise)
+      # Rows that already stopped keep their canvas and argmax. (HF also keeps their self-conditioning
+      # logits; those only feed the frozen rows' own discarded passes, so they are simply overwritten.)
+      frozen = st.finished[:, None]
+      argmax = jnp.where(frozen, st.argmax, stats.argmax)
+      canvas = jnp.where(frozen, st.canvas, canvas)
+      sc_logits = logits.astype(sc_dtype)
+      finished, history = st.finished, st.history
+      if s.adaptive_stopping:
+        stop, history = stopping.stable_and_confident(history, argmax, stats.entropy, s.confidence_threshold)
+        finished = finished | stop
+      trajectory = st.trajectory
+      if traj_steps:
+        trajectory = jax.lax.dynamic_update_slice(trajectory, argmax[:, None], (0, st.step, 0))
+      return _StepState(step=st.step + 1, canvas=canvas, argmax=argmax, sc_logits=sc_logits,
+                        finished=finished, history=history, steps=steps, trajectory=trajectory)
+
+    init = _StepState(
+        step=jnp.int32(0), canvas=canvas0, argmax=canvas0,
+        sc_logits=jnp.zeros((b, c, vocab), sc_dtype), finished=done_B,
+        history=stopping.init_history(s.stability_threshold if s.adaptive_stopping else 0, b, c),
+        steps=jnp.zeros((b,), jnp.int32), trajectory=jnp.full((b, traj_steps, c), -1, jnp.int32))
+    final = jax.lax.while_loop(cond, body, init)
+    return final.argmax, final.steps, final.trajectory
+
+  def canvas_cond(st: _CanvasState):
+    return (st.index < n_canvases) & ~jnp.all(st.finished)
+
+  def canvas_body(st: _CanvasState) -> _CanvasState:
+    keys = _per_row(jax.random.fold_in, row_keys_B, jnp.broadcast_to(st.index, (b,)))
+    init_keys, step_keys = jnp.moveaxis(_per_row(jax.random.split, keys), 1, 0)
+    if initial_BxNxC is None:
+      canvas0 = _per_row(lambda k: jax.random.randint(k, (c,), 0, vocab, jnp.int32), init_keys)
+    else:
+      canvas0 = jax.lax.dynamic_index_in_dim(initial_BxNxC, st.index, axis=1, keepdims=False)
+    argmax, steps, trajectory = denoise_canvas(st.cache, canvas0, step_keys, st.finished)
+    committed, finished = stopping.truncate_at_stop(argmax, st.finished, s.stop_ids, config.pad_id)
+    more = (st.index + 1 < n_canvases) & ~jnp.all(finished)
+    # Committed canvases are all-valid context, pads included, as HF's decoder mask of ones.
+    cache = jax.lax.cond(more, lambda cache: encode(committed, cache, None), lambda cache: cache, st.cache)
+    return _CanvasState(
+        index=st.index + 1, cache=cache,
+        tokens=jax.lax.dynamic_update_slice(st.tokens, committed[:, None], (0, st.index, 0)),
+        steps=jax.lax.dynamic_update_slice(st.steps, steps[:, None], (0, st.index)),
+        finished=finished,
+        trajectory=jax.lax.dynamic_update_slice(st.trajectory, trajectory[:, None], (0, st.index, 0, 0)))
+
+  cache = encode(prompt_BxP, init_cache(config, b, cache_len), valid_BxP)
+  init = _CanvasState(
+      index=jnp.int32(0), cache=cache,
+      tokens=jnp.full((b, n_canvases, c), config.pad_id, jnp.int32),
+      steps=jnp.zeros((b, n_canvases), jnp.int32),
+      finished=jnp.zeros((b,), bool),
+      trajectory=jnp.full((b, n_canvases, traj_steps, c), -1, jnp.int32))
+  final = jax.lax.while_loop(canvas_cond, canvas_body, init)
+  tokens = final.tokens.reshape(b, n_canvases * c)
+  passes = jnp.maximum(jnp.sum(final.steps, axis=1), 1)
+  tpf = jnp.sum(tokens != config.pad_id, axis=1) / passes
+  return GenerateOutput(tokens=tokens, steps_per_canvas=final.steps, tokens_per_forward=tpf,
+                        trajectory=final.trajectory if s.return_trajectory else None)
+
+
+def row_keys(rng: jax.Array, batch: int) -> jax.Array:
+  """Per-row keys: a single key gives fold_in(rng, row), so row b's draws do not depend on the batch size;
+  an array of `batch` keys is used as is."""
+  key = rng if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) else jax.random.wrap_key_data(rng)
+  if key.shape == ():
+    return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(batch))
+  if key.shape == (batch,):
+    return key
+  raise ValueError(f"rng must be one key or {batch} keys (one per row), got key shape {key.shape}")
+
+
+def _check_ids(name: str, ids: np.ndarray, vocab_size: int) -> None:
+  if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+    raise ValueError(f"{name} has token ids outside [0, {vocab_size}): min {ids.min()}, max {ids.max()}")
+
+
+def _prepare(config: ModelConfig, sampler_config: SamplerConfig, prompt_tokens, prompt_valid, rng,
+             initial_canvases, max_cache_len: int | None) -> tuple[tuple, dict]:
+  """Checks the inputs on the host; returns the jitted function's (array args, static args)."""
+  sampler = sampler_config.resolve(config)
+  prompt = np.asarray(prompt_tokens)
+  if prompt.ndim != 2 or prompt.shape[1] == 0 or prompt.shape[0] == 0:
+    raise ValueError(f"prompt_tokens must have shape [batch, length] with both > 0, got {prompt.shape}")
+  if not np.issubdtype(prompt.dtype, np.integer):
+    raise ValueError(f"prompt_tokens must be integer token ids, got dtype {prompt.dtype}")
+  _check_ids("prompt_tokens", prompt, config.vocab_size)
+  b, p = prompt.shape
+  valid = np.ones((b, p), bool) if prompt_valid is None else np.asarray(prompt_valid, bool)
+  if valid.shape != (b, p):
+    raise ValueError(f"prompt_valid has shape {valid.shape}, expected {(b, p)}")
+  c = sampler.canvas_length
+  n = sampler.num_canvases(c)
+  needed = p + n * c
+  if max_cache_len is not None and needed > max_cache_len:
+    raise ValueError(f"a prompt of {p} tokens plus {n} canvas(es) of {c} tokens needs {needed} cache slots, "
+                     f"more than max_cache_len={max_cache_len}")
+  initial = None
+  if initial_canvases is not None:
+    initial = np.asarray(initial_canvases)
+    if initial.shape != (b, n, c):
+      raise ValueError(f"initial_canvases has shape {initial.shape}, expected {(b, n, c)}")
+    _check_ids("initial_canvases", initial, config.vocab_size)
+    initial = jnp.asarray(initial, jnp.int32)
+  args = (jnp.asarray(prompt, jnp.int32), jnp.asarray(valid), row_keys(rng, b), initial)
+  return args, dict(config=config, sampler=sampler, cache_len=needed)
+
+
+def generate(params: dict, config: ModelConfig, prompt_tokens: Int[Array, "B P"],
+             prompt_valid: Bool[Array, "B P"] | None, rng: jax.Array,
+             sampler_config: SamplerConfig = SamplerConfig(), *,
+             initial_canvases: Int[Array, "B N C"] | None = None,
+             max_cache_len: int | None = None) -> GenerateOutput:
+  """Generates after right-padded prompts (`prompt_valid` False on pads; None: all valid).
+
+  `rng` is one key (row b uses fold_in(rng, b)) or one key per row. `initial_canvases` replaces the uniform
+  random starting canvas of every canvas (HF's `decoder_input_ids` does so for the first);
+  `max_cache_len` makes a prompt that does not fit fail with a clear error.
+  """
+  args, static = _prepare(config, sampler_config, prompt_tokens, prompt_valid, rng, initial_canvases,
+                          max_cache_len)
+  return _generate(params, *args, **static)
+
+
+def compile_generate(params: dict, config: ModelConfig, prompt_tokens: Int[Array, "B P"],
+                     prompt_valid: Bool[Array, "B P"] | None, rng: jax.Array,
+                     sampler_config: SamplerConfig = SamplerConfig(), *,
+                     max_cache_len: int | None = None) -> tuple[Callable[..., GenerateOutput], float]:
+  """Ahead-of-time compilation for inputs shaped like these: (run, compile seconds), so that callers can
+  report compile time apart. `run(prompt_tokens, prompt_valid, rng)` takes inputs of the same shapes."""
+  args, static = _prepare(config, sampler_config, prompt_tokens, prompt_valid, rng, None, max_cache_len)
+  start = time.perf_counter()
+  compiled = _generate.lower(params, *args, **static).compile()
+  seconds = time.perf_counter() - start
+
+  def run(prompt_tokens, prompt_valid, rng) -> GenerateOutput:
+    new_args, new_static = _prepare(config, sampler_config, prompt_tokens, prompt_valid, rng, None,
+                                    max_cache_len)
+    if new_static != static:
+      raise ValueError("inputs differ in shape from the ones this sampler was compiled for")
+    return compiled(params, *new_args)
+
+  return run, seconds

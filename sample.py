@@ -1,0 +1,301 @@
+"""Generate with a DiffusionGemma checkpoint: text for language models, a solved grid for Sudoku models.
+
+  python sample.py --ckpt=PATH --prompt="Why is the sky blue?"
+  python sample.py --ckpt=PATH --prompt_ids=2,105,4368 --steps=32 --t_max=0.6
+  python sample.py --ckpt=SUDOKU_CKPT --prompt=530070000600195000098000060800060003400803001700020006060000280000419005000080079
+  python sample.py --ckpt=PATH --prompts_file=prompts.txt --show_steps --show_steps_html=steps.html
+
+PATH is one of our checkpoints (dgemma.json), an HF DiffusionGemma directory or a training workdir. Text goes
+through the checkpoint's tokenizer (its chat template for instruction models, see --chat). Every sampler knob
+has a flag; the defaults are the released model's.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from absl import flags
+
+FLAGS = flags.FlagValues()  # private: this module can be imported next to other scripts
+_D = dict(flag_values=FLAGS)
+flags.DEFINE_string("ckpt", None, "Checkpoint: our format, an HF directory, or a training workdir.", **_D)
+flags.DEFINE_string("prompt", None, "A text prompt, or an 81-digit puzzle for Sudoku models.", **_D)
+flags.DEFINE_string("prompt_ids", None, "Token ids instead of text, comma-separated; ';' separates prompts.",
+                    **_D)
+flags.DEFINE_string("prompts_file", None, "A file with one prompt (or puzzle) per line, run as one batch.", **_D)
+flags.DEFINE_enum("chat", "auto", ["auto", "on", "off"],
+                  "Wrap text prompts in the tokenizer's chat template (auto: when it has one).", **_D)
+flags.DEFINE_integer("max_new_tokens", 256, "Generate canvases until at least this many tokens.", **_D)
+flags.DEFINE_integer("steps", 48, "Maximum denoising steps per canvas.", **_D)
+flags.DEFINE_float("entropy_bound", 0.1, "Entropy budget of the acceptance rule.", **_D)
+flags.DEFINE_float("t_max", 0.8, "Temperature at the first step.", **_D)
+flags.DEFINE_float("t_min", 0.4, "Temperature the schedule approaches at the last step.", **_D)
+flags.DEFINE_enum("schedule", "linear", ["linear", "cosine", "constant"], "Temperature schedule.", **_D)
+flags.DEFINE_bool("adaptive_stopping", True, "Stop a row's canvas once it is stable and confident.", **_D)
+flags.DEFINE_integer("stability_threshold", 1, "Previous argmax canvases that must match to stop.", **_D)
+flags.DEFINE_float("confidence_threshold", 0.005, "Mean entropy below which a canvas is confident.", **_D)
+flags.DEFINE_integer("canvas_length", 0, "Canvas length (0: the model's).", **_D)
+flags.DEFINE_string("stop_ids", None, "Comma-separated stop token ids (default: the model's).", **_D)
+flags.DEFINE_integer("seed", 0, "Random seed.", **_D)
+flags.DEFINE_integer("max_cache_len", 32768, "Largest KV cache (prompt + generated tokens) to allow.", **_D)
+flags.DEFINE_bool("show_steps", False, "Show the canvas converging step by step in the terminal.", **_D)
+flags.DEFINE_string("show_steps_html", None, "Also write the step-by-step animation to this HTML file.", **_D)
+flags.DEFINE_string("show_steps_gif", None, "Also write it as a GIF (needs Pillow).", **_D)
+flags.DEFINE_float("show_steps_delay", 0.08, "Seconds per frame of the animations.", **_D)
+flags.DEFINE_integer("show_row", 0, "Which prompt of a batch the step-by-step views show.", **_D)
+
+
+class TextTokenizer:
+  """The checkpoint's tokenizer for text prompts.
+
+  transformers' AutoTokenizer where the checkpoint has a tokenizer_config.json (that is where HF keeps the
+  chat template); otherwise the project's tokenizer (`dgemma.data.tokenizer`: tokenizer.json or SentencePiece)
+  with BOS first and, as chat template, Gemma's turn format when the vocabulary has `<|turn>` (spec §8).
+  """
+
+  def __init__(self, path: str):
+    from dgemma.data.tokenizer import load_tokenizer
+    self.hf = self.base = self._pieces = None
+    if os.path.exists(os.path.join(path, "tokenizer_config.json")):
+      try:
+        from transformers import AutoTokenizer
+        self.hf = AutoTokenizer.from_pretrained(path)
+      except ImportError:
+        pass
+    if self.hf is None:
+      self.base = load_tokenizer(path)
+      if self.base.path.endswith(".json"):  # token strings for the step-by-step display
+        import tokenizers
+        self._pieces = tokenizers.Tokenizer.from_file(self.base.path)
+    vocab = self.hf.get_vocab() if self.hf is not None else (self._pieces.get_vocab() if self._pieces else {})
+    self._marker = next((m for m in ("▁", "Ġ") if any(k.startswith(m) for k in vocab)), None)
+
+  @property
+  def chat_template(self) -> bool:
+    if self.hf is not None:
+      return bool(getattr(self.hf, "chat_template", None))
+    return self.base.has_token("<|turn>")
+
+  def encode(self, text: str, chat: bool) -> list[int]:
+    if self.hf is not None:
+      if chat:
+        ids = self.hf.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                          tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+      return list(self.hf(text)["input_ids"])
+    if chat:
+      text = f"<|turn>user\n{text}<turn|>\n<|turn>model\n"
+    return self.base.encode(text, add_bos=True)
+
+  def decode(self, ids: list[int]) -> str:
+    if self.hf is not None:
+      return self.hf.decode(ids, skip_special_tokens=True)
+    return self.base.decode(ids, skip_special=True)
+
+  def piece(self, token: int) -> str:
+    """One token as display text (word-piece markers turned back into spaces)."""
+    if self.hf is None and self._pieces is None:
+      return self.base.decode([int(token)])
+    text = (self.hf.convert_ids_to_tokens(int(token)) if self.hf is not None
+            else self._pieces.id_to_token(int(token))) or f"<{token}>"
+    if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):  # byte fallback
+      byte = int(text[3:5], 16)
+      return chr(byte) if byte == 10 or 32 <= byte < 127 else "·"
+    if self._marker is None:
+      return text + " "
+    return text.replace(self._marker, " ").replace("Ċ", "\n")
+
+
+def _tokenizer_for(path: str) -> TextTokenizer | None:
+  import glob
+
+  from dgemma.data.tokenizer import TOKENIZER_FILE_NAMES
+  if not os.path.isdir(path):
+    return None
+  if not any(glob.glob(os.path.join(glob.escape(path), name)) for name in TOKENIZER_FILE_NAMES):
+    return None
+  return TextTokenizer(path)
+
+
+def _int_list(text: str, what: str) -> list[int]:
+  try:
+    values = [int(x) for x in text.replace(" ", "").split(",") if x]
+  except ValueError:
+    raise ValueError(f"{what} must be comma-separated integers, got {text!r}") from None
+  if not values:
+    raise ValueError(f"{what} is empty")
+  return values
+
+
+def _prompts() -> list[str]:
+  given = [n for n in ("prompt", "prompt_ids", "prompts_file") if FLAGS[n].value is not None]
+  if len(given) != 1:
+    raise ValueError("give exactly one of --prompt, --prompt_ids or --prompts_file")
+  if FLAGS.prompt is not None:
+    return [FLAGS.prompt]
+  if FLAGS.prompt_ids is not None:
+    return [p for p in FLAGS.prompt_ids.split(";") if p.strip()]
+  if not os.path.isfile(FLAGS.prompts_file):
+    raise ValueError(f"prompts file {FLAGS.prompts_file} does not exist")
+  with open(FLAGS.prompts_file, encoding="utf-8") as f:
+    lines = [line.rstrip("\n") for line in f if line.strip()]
+  if not lines:
+    raise ValueError(f"prompts file {FLAGS.prompts_file} has no prompts")
+  return lines
+
+
+def _sampler_config():
+  from dgemma.sampling import SamplerConfig
+  return SamplerConfig(
+      max_denoising_steps=FLAGS.steps, entropy_bound=FLAGS.entropy_bound, t_max=FLAGS.t_max, t_min=FLAGS.t_min,
+      schedule=FLAGS.schedule, adaptive_stopping=FLAGS.adaptive_stopping,
+      stability_threshold=FLAGS.stability_threshold, confidence_threshold=FLAGS.confidence_threshold,
+      max_new_tokens=FLAGS.max_new_tokens, canvas_length=FLAGS.canvas_length or None,
+      stop_ids=None if FLAGS.stop_ids is None else tuple(_int_list(FLAGS.stop_ids, "--stop_ids")),
+      return_trajectory=bool(FLAGS.show_steps or FLAGS.show_steps_html or FLAGS.show_steps_gif))
+
+
+def _load(path: str):
+  from dgemma.checkpoints import load_model
+  if not os.path.exists(path):
+    raise ValueError(f"checkpoint {path} does not exist")
+  try:
+    return load_model(path)
+  except Exception as e:  # a corrupt checkpoint can fail in many ways; the user needs one line either way
+    message = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise ValueError(f"cannot load checkpoint {path}: {message}") from None
+
+
+def _pad_batch(rows: list[list[int]], pad_id: int):
+  import numpy as np
+  length = max(len(r) for r in rows)
+  tokens = np.full((len(rows), length), pad_id, np.int32)
+  valid = np.zeros((len(rows), length), bool)
+  for i, r in enumerate(rows):
+    tokens[i, :len(r)] = r
+    valid[i, :len(r)] = True
+  return tokens, valid
+
+
+def run() -> int:
+  import jax
+  import numpy as np
+
+  from dgemma.data import sudoku
+  from dgemma.sampling import display
+  from dgemma.sampling import sudoku as sudoku_sampling
+  from dgemma.sampling.generate import compile_generate
+
+  if not FLAGS.ckpt:
+    raise ValueError("--ckpt is required")
+  prompts = _prompts()
+  sampler = _sampler_config()  # bad knob values fail here, before the checkpoint is read
+  if FLAGS.show_steps_gif:
+    try:
+      import PIL  # noqa: F401
+    except ImportError:
+      raise ValueError("--show_steps_gif needs Pillow (pip install pillow); --show_steps_html needs nothing") \
+          from None
+  config, params, metadata = _load(FLAGS.ckpt)
+  task = None
+  tokenizer = None
+  if sudoku_sampling.task_name(metadata):
+    if FLAGS.prompt_ids is not None:
+      raise ValueError("Sudoku checkpoints take puzzles via --prompt or --prompts_file")
+    task = sudoku_sampling.load_task(config, metadata, FLAGS.ckpt)
+    puzzles = np.stack([sudoku_sampling.parse_puzzle(p) for p in prompts])
+    config, sampler = task.config, task.sampler(sampler)
+    tokens, valid = task.prompts(puzzles)
+  else:
+    if FLAGS.prompt_ids is not None:
+      rows = [_int_list(p, "--prompt_ids") for p in prompts]
+    else:
+      tokenizer = _tokenizer_for(FLAGS.ckpt)
+      if tokenizer is None:
+        raise ValueError(f"checkpoint {FLAGS.ckpt} has no tokenizer (tokenizer.json or a SentencePiece .model); pass --prompt_ids=1,2,3")
+      chat = FLAGS.chat == "on" or (FLAGS.chat == "auto" and tokenizer.chat_template)
+      if chat and not tokenizer.chat_template:
+        raise ValueError(f"--chat=on but the tokenizer of {FLAGS.ckpt} has no chat template")
+      rows = [tokenizer.encode(p, chat) for p in prompts]
+    tokens, valid = _pad_batch(rows, config.pad_id)
+  if not 0 <= FLAGS.show_row < len(prompts):
+    raise ValueError(f"--show_row={FLAGS.show_row} but there are {len(prompts)} prompts")
+
+  key = jax.random.key(FLAGS.seed)
+  sample, compile_s = compile_generate(params, config, tokens, valid, key, sampler,
+                                       max_cache_len=FLAGS.max_cache_len)
+  start = time.perf_counter()
+  out = jax.block_until_ready(sample(tokens, valid, key))
+  seconds = time.perf_counter() - start
+
+  resolved = sampler.resolve(config)
+  c = resolved.canvas_length
+  generated = np.asarray(out.tokens)
+  steps = np.asarray(out.steps_per_canvas)
+  for row in range(len(prompts)):
+    print(f"=== prompt {row + 1}/{len(prompts)}")
+    if task is not None:
+      grid = task.decode(generated[row:row + 1])[0]
+      clues_kept = bool(np.all((puzzles[row] == 0) | (grid == puzzles[row])))
+      print("\n".join(" ".join(str(d) if d else "." for d in grid[r * 9:(r + 1) * 9]) for r in range(9)))
+      print(f"valid solution: {'yes' if sudoku.is_valid_solution(grid) else 'no'}; "
+            f"clues kept: {'yes' if clues_kept else 'no'}")
+    else:
+      ids = generated[row].tolist()
+      stops = [i for i, t in enumerate(ids) if t in resolved.stop_ids]
+      ids = ids[:stops[0]] if stops else ids
+      ids = [t for t in ids if t != config.pad_id]
+      print(tokenizer.decode(ids) if tokenizer is not None else ",".join(str(t) for t in ids))
+    print(f"steps per canvas: {[int(s) for s in steps[row] if s]}")
+
+  num_tokens = int((generated != config.pad_id).sum())
+  canvases_run = int((steps > 0).any(axis=0).sum())
+  passes = steps.sum(axis=1)
+  print(f"--- {len(prompts)} prompt(s) · canvas {c} · {canvases_run}/{steps.shape[1]} canvas(es) · "
+        f"mean steps per canvas {steps[steps > 0].mean():.1f} (max {resolved.max_denoising_steps}) · "
+        f"tokens per forward pass {float(np.mean(np.asarray(out.tokens_per_forward))):.2f} · "
+        f"denoiser passes per row {passes.tolist()}")
+  print(f"--- time {seconds:.2f} s (+ compile {compile_s:.1f} s) · {num_tokens} tokens · "
+        f"{num_tokens / max(seconds, 1e-9):.1f} tokens/s")
+
+  if out.trajectory is not None:
+    row = FLAGS.show_row
+    if task is not None:
+      frames = display.sudoku_frames(np.asarray(out.trajectory)[row, 0], steps[row, 0], task.cells)
+    else:
+      token_text = tokenizer.piece if tokenizer is not None else (lambda t: f"{t} ")
+      frames = display.build_frames(np.asarray(out.trajectory)[row], steps[row],
+                                    generated[row].reshape(-1, c), token_text)
+    if FLAGS.show_steps:
+      display.show_in_terminal(frames, delay=FLAGS.show_steps_delay)
+    if FLAGS.show_steps_html:
+      display.write_html(FLAGS.show_steps_html, frames, delay=max(FLAGS.show_steps_delay, 0.02))
+      print(f"wrote {FLAGS.show_steps_html} ({len(frames)} frames)")
+    if FLAGS.show_steps_gif:
+      display.write_gif(FLAGS.show_steps_gif, frames, delay=max(FLAGS.show_steps_delay, 0.02))
+      print(f"wrote {FLAGS.show_steps_gif} ({len(frames)} frames)")
+  return 0
+
+
+def main(argv: list[str]) -> int:
+  """Runs with command-line `argv`; bad input prints one `error:` line and returns a non-zero code."""
+  if any(a in ("-h", "--help", "-help", "--helpshort") for a in argv[1:]):
+    print(__doc__.strip() + "\n\nflags:\n" + FLAGS.get_help())
+    return 0
+  try:
+    FLAGS.unparse_flags()
+    FLAGS(argv)
+  except flags.Error as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  try:
+    return run()
+  except (ValueError, FileNotFoundError, RuntimeError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))

@@ -1,0 +1,245 @@
+"""Sampler speed, side by side on one machine, one checkpoint, one prompt and the same canvas/step settings:
+
+  1. our block-diffusion sampler (one jitted program),
+  2. transformers' DiffusionGemma `generate` on the same HF checkpoint,
+  3. autoregressive decoding with our same backbone (encoder + KV cache, one token per pass),
+  4. bare denoiser forward passes (prefill + N denoise calls with self-conditioning, no sampling), to measure
+     the sampler's own per-step overhead.
+
+  python scripts/bench_sampler.py                  # a random HF checkpoint of the size given by the flags
+  python scripts/bench_sampler.py --ckpt=HF_DIR    # an existing HF DiffusionGemma directory
+
+Compile time is measured apart (ahead-of-time compilation) and excluded from tokens/s. Every token of every
+generated canvas counts (stop tokens are disabled on all sides so the work is the same); HF's warm-up run is
+not timed. With random weights no row becomes confident, so every canvas runs all its steps on every side.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+
+from absl import flags  # noqa: E402
+
+FLAGS = flags.FlagValues()
+_D = dict(flag_values=FLAGS)
+flags.DEFINE_string("ckpt", None, "HF DiffusionGemma directory; default: a random one of the size below.", **_D)
+flags.DEFINE_integer("vocab", 4096, "Vocabulary of the random checkpoint.", **_D)
+flags.DEFINE_integer("width", 256, "Model width of the random checkpoint.", **_D)
+flags.DEFINE_integer("layers", 4, "Layers of the random checkpoint (the last one global).", **_D)
+flags.DEFINE_integer("experts", 8, "Experts of the random checkpoint (top-2).", **_D)
+flags.DEFINE_integer("canvas", 64, "Canvas length.", **_D)
+flags.DEFINE_integer("canvases", 1, "Canvases to generate (max_new_tokens = canvases * canvas).", **_D)
+flags.DEFINE_integer("steps", 48, "Denoising steps per canvas.", **_D)
+flags.DEFINE_integer("prompt_len", 32, "Prompt length.", **_D)
+flags.DEFINE_integer("batch", 1, "Batch size.", **_D)
+flags.DEFINE_integer("repeats", 5, "Timed runs of each JAX program (the median is reported).", **_D)
+flags.DEFINE_integer("hf_repeats", 3, "Timed runs of HF generate, after one untimed warm-up.", **_D)
+flags.DEFINE_integer("seed", 0, "Seed of the random checkpoint, the prompt and the samplers.", **_D)
+flags.DEFINE_string("json_out", None, "Also write the numbers to this JSON file.", **_D)
+
+
+def _random_checkpoint(path: str):
+  import jax
+
+  from dgemma import model
+  from dgemma.checkpoints import save_hf
+  from dgemma.config import GLOBAL, LOCAL, ModelConfig
+  heads = max(FLAGS.width // 64, 1)
+  config = ModelConfig(
+      vocab_size=FLAGS.vocab, width=FLAGS.width, num_layers=FLAGS.layers, num_heads=heads,
+      local_num_kv_heads=max(heads // 2, 1), local_head_dim=64, global_num_kv_heads=1, global_head_dim=128,
+      mlp_hidden=2 * FLAGS.width, num_experts=FLAGS.experts, top_k_experts=min(2, FLAGS.experts),
+      expert_hidden=FLAGS.width // 2, sliding_window=128,
+      layer_types=tuple(LOCAL for _ in range(FLAGS.layers - 1)) + (GLOBAL,), canvas_length=FLAGS.canvas)
+  save_hf(path, config, model.init_params(config, jax.random.key(FLAGS.seed)))
+
+
+def _median_time(fn, repeats: int):
+  import jax
+  times, out = [], None
+  for _ in range(repeats):
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return statistics.median(times), out
+
+
+@functools.lru_cache(maxsize=None)
+def _bare_program(config, steps: int, canvas_len: int, cache_len: int):
+  """Prefill + `steps` denoiser passes that feed their logits back as self-conditioning: the network work of
+  one canvas, without temperature, sampling, acceptance or stopping."""
+  import jax
+  import jax.numpy as jnp
+
+  from dgemma.model.cache import init_cache
+  from dgemma.model.transformer import DiffusionGemma
+  model = DiffusionGemma(config)
+
+  @jax.jit
+  def run(params, prompt, canvas):
+    variables = {"params": params}
+    b = prompt.shape[0]
+    _, cache = model.apply(variables, prompt, init_cache(config, b, cache_len), None, False,
+                           method=DiffusionGemma.encode)
+
+    def body(k, sc):
+      has_sc = jnp.broadcast_to(k > 0, (b,))
+      return model.apply(variables, canvas, cache, sc, has_sc, method=DiffusionGemma.denoise)
+
+    sc = jnp.zeros((b, canvas_len, config.vocab_size), jnp.dtype(config.param_dtype))
+    return jnp.sum(jax.lax.fori_loop(0, steps, body, sc))
+
+  return run
+
+
+def run() -> dict:
+  import jax
+  import numpy as np
+  import torch
+
+  from dgemma.checkpoints import load_hf
+  from dgemma.sampling import ARConfig, SamplerConfig
+  from dgemma.sampling.autoregressive import compile_autoregressive
+  from dgemma.sampling.generate import compile_generate
+
+  tmp = None
+  path = FLAGS.ckpt
+  if path is None:
+    tmp = tempfile.TemporaryDirectory()
+    path = os.path.join(tmp.name, "hf")
+    _random_checkpoint(path)
+  config, params = load_hf(path)
+  config = config.replace(canvas_length=FLAGS.canvas)
+  c, n_steps, b = FLAGS.canvas, FLAGS.steps, FLAGS.batch
+  new_tokens = FLAGS.canvases * c
+  rng = np.random.default_rng(FLAGS.seed)
+  prompt = rng.integers(3, config.vocab_size, (b, FLAGS.prompt_len)).astype(np.int32)
+  valid = np.ones_like(prompt, bool)
+  key = jax.random.key(FLAGS.seed)
+  results = {}
+
+  # 1. Our sampler, with the reference defaults apart from the step count.
+  sampler = SamplerConfig(max_denoising_steps=n_steps, max_new_tokens=new_tokens, canvas_length=c, stop_ids=())
+  ours, compile_s = compile_generate(params, config, prompt, valid, key, sampler)
+  seconds, out = _median_time(lambda: ours(prompt, valid, key), FLAGS.repeats)
+  passes = int(np.asarray(out.steps_per_canvas).sum())
+  results["ours"] = dict(seconds=seconds, compile_s=compile_s, tokens=b * new_tokens,
+                         steps_per_canvas=passes / (b * FLAGS.canvases),
+                         tokens_per_forward=float(np.mean(np.asarray(out.tokens_per_forward))))
+
+  # 2. transformers on the same checkpoint and settings.
+  from transformers import DiffusionGemmaForBlockDiffusion
+  from transformers.utils import logging as hf_logging
+  hf_logging.set_verbosity_error()
+  hf = DiffusionGemmaForBlockDiffusion.from_pretrained(path, dtype=torch.float32).eval()
+  hf.config.canvas_length = c
+  torch.manual_seed(FLAGS.seed)
+  hf_kwargs = dict(max_new_tokens=new_tokens, max_denoising_steps=n_steps, eos_token_id=[], pad_token_id=-1)
+
+  def hf_generate():
+    with torch.no_grad():
+      return hf.generate(torch.tensor(prompt, dtype=torch.long), **hf_kwargs)
+
+  hf_generate()  # warm-up
+  times = []
+  for _ in range(FLAGS.hf_repeats):
+    start = time.perf_counter()
+    hf_out = hf_generate()
+    times.append(time.perf_counter() - start)
+  hf_tpf = float(hf_out.tokens_per_forward.float().mean())
+  results["transformers"] = dict(seconds=statistics.median(times), compile_s=0.0, tokens=b * new_tokens,
+                                 steps_per_canvas=new_tokens / hf_tpf / FLAGS.canvases,
+                                 tokens_per_forward=hf_tpf)
+
+  # 3. Autoregressive decoding of as many tokens with our backbone.
+  ar, ar_compile = compile_autoregressive(params, config, prompt, valid, key,
+                                          ARConfig(max_new_tokens=new_tokens, stop_ids=()))
+  ar_seconds, _ = _median_time(lambda: ar(prompt, valid, key), FLAGS.repeats)
+  results["autoregressive"] = dict(seconds=ar_seconds, compile_s=ar_compile, tokens=b * new_tokens,
+                                   steps_per_canvas=None, tokens_per_forward=1.0)
+
+  # 4. Sampler overhead: one canvas, every step run, against the bare network passes of that canvas.
+  one = SamplerConfig(max_denoising_steps=n_steps, max_new_tokens=c, canvas_length=c, stop_ids=(),
+                      adaptive_stopping=False)
+  sampler_one, _ = compile_generate(params, config, prompt, valid, key, one)
+  bare = _bare_program(config, n_steps, c, FLAGS.prompt_len + c)
+  canvas = rng.integers(0, config.vocab_size, (b, c)).astype(np.int32)
+  jax.block_until_ready(bare(params, prompt, canvas))  # compile
+  jax.block_until_ready(sampler_one(prompt, valid, key))
+  # Back-to-back pairs, so that a load change on a shared machine hits both alike; the median pair ratio.
+  sampler_times, bare_times = [], []
+  for _ in range(2 * FLAGS.repeats):
+    sampler_times.append(_median_time(lambda: sampler_one(prompt, valid, key), 1)[0])
+    bare_times.append(_median_time(lambda: bare(params, prompt, canvas), 1)[0])
+  t_sampler, t_bare = statistics.median(sampler_times), statistics.median(bare_times)
+  ratio = statistics.median(a / b for a, b in zip(sampler_times, bare_times))
+  results["overhead"] = dict(sampler_s=t_sampler, bare_s=t_bare, sampler_step_ms=1e3 * t_sampler / n_steps,
+                             bare_step_ms=1e3 * t_bare / n_steps, overhead=ratio - 1.0)
+  results["settings"] = dict(ckpt=FLAGS.ckpt or "random", vocab=config.vocab_size, width=config.width,
+                             layers=config.num_layers, experts=config.num_experts, canvas=c,
+                             canvases=FLAGS.canvases, steps=n_steps, prompt_len=FLAGS.prompt_len, batch=b,
+                             cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads())
+  if tmp is not None:
+    tmp.cleanup()
+  return results
+
+
+def report(results: dict) -> str:
+  s = results["settings"]
+  rows = [("dgemma sampler (jit)", "ours"), ("transformers generate", "transformers"),
+          ("dgemma autoregressive", "autoregressive")]
+  hf_rate = results["transformers"]["tokens"] / results["transformers"]["seconds"]
+  lines = [
+      f"checkpoint {s['ckpt']}: vocab {s['vocab']}, width {s['width']}, {s['layers']} layers, "
+      f"{s['experts']} experts; batch {s['batch']}, prompt {s['prompt_len']}, {s['canvases']} canvas(es) of "
+      f"{s['canvas']}, {s['steps']} steps; {s['cpu_count']} CPU cores, torch threads {s['torch_threads']}",
+      "",
+      "| decoder | tokens/s | x transformers | denoising steps / canvas | tokens / forward | time (s) | "
+      "compile (s) |",
+      "|---|---|---|---|---|---|---|",
+  ]
+  for label, key in rows:
+    r = results[key]
+    rate = r["tokens"] / r["seconds"]
+    steps = "-" if r["steps_per_canvas"] is None else f"{r['steps_per_canvas']:.1f}"
+    lines.append(f"| {label} | {rate:.1f} | {rate / hf_rate:.2f} | {steps} | {r['tokens_per_forward']:.2f} | "
+                 f"{r['seconds']:.3f} | {r['compile_s']:.1f} |")
+  o = results["overhead"]
+  lines += ["", f"sampler overhead over bare denoiser passes (one canvas, all {s['steps']} steps, prefill "
+                f"included): {o['sampler_step_ms']:.2f} ms/step vs {o['bare_step_ms']:.2f} ms/step; median "
+                f"paired ratio {100 * o['overhead']:+.1f}%"]
+  return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+  if any(a in ("-h", "--help", "-help", "--helpshort") for a in argv[1:]):
+    print(__doc__.strip() + "\n\nflags:\n" + FLAGS.get_help())
+    return 0
+  try:
+    FLAGS.unparse_flags()
+    FLAGS(argv)
+  except flags.Error as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  try:
+    results = run()
+  except (ValueError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  print(report(results))
+  if FLAGS.json_out:
+    with open(FLAGS.json_out, "w") as f:
+      json.dump(results, f, indent=2)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))

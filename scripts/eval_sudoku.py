@@ -1,0 +1,227 @@
+"""Evaluates a Sudoku checkpoint: block diffusion, the autoregressive baseline with the same backbone, or both.
+
+  python scripts/eval_sudoku.py --ckpt=PATH --data=FILE.csv [--limit=256] [--max_steps=48]
+      [--adaptive_stopping=false] [--mode=diffusion|ar|both] [--json_out=results.json]
+
+--data is a Kaggle-style CSV (puzzle,solution or quizzes,solutions) or an .npz written by
+`dgemma.data.sudoku.generate_dataset`. The checkpoint may use either Sudoku task (the digit vocabulary or the
+official text format with its tokenizer, see dgemma/sampling/sudoku.py). Reports puzzle accuracy, cell accuracy over the blanks, clue
+preservation, denoising steps (mean, median), tokens per forward pass and wall time, overall and split by
+difficulty: clue-count buckets as the official eval (easy >= 40, medium 30-39, hard < 30) and our solver label
+(singles: solvable by naked/hidden singles alone; search: needs search).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+
+from absl import flags  # noqa: E402
+
+FLAGS = flags.FlagValues()
+_D = dict(flag_values=FLAGS)
+flags.DEFINE_string("ckpt", None, "A Sudoku checkpoint (task sudoku_digits).", **_D)
+flags.DEFINE_string("data", None, "Puzzles: a .csv or an .npz from generate_dataset.", **_D)
+flags.DEFINE_integer("limit", 0, "Evaluate only the first N puzzles (0: all).", **_D)
+flags.DEFINE_integer("batch_size", 64, "Puzzles per batch.", **_D)
+flags.DEFINE_enum("mode", "diffusion", ["diffusion", "ar", "both"], "Which decoder(s) to evaluate.", **_D)
+flags.DEFINE_integer("max_steps", 48, "Maximum denoising steps.", **_D)
+flags.DEFINE_bool("adaptive_stopping", True, "Stop a puzzle once stable and confident.", **_D)
+flags.DEFINE_float("entropy_bound", 0.1, "Entropy budget of the acceptance rule.", **_D)
+flags.DEFINE_float("t_max", 0.8, "Temperature at the first step.", **_D)
+flags.DEFINE_float("t_min", 0.4, "Temperature approached at the last step.", **_D)
+flags.DEFINE_enum("schedule", "linear", ["linear", "cosine", "constant"], "Temperature schedule.", **_D)
+flags.DEFINE_integer("stability_threshold", 1, "Previous argmax canvases that must match to stop.", **_D)
+flags.DEFINE_float("confidence_threshold", 0.005, "Mean entropy below which a canvas is confident.", **_D)
+flags.DEFINE_float("ar_temperature", 0.0, "Autoregressive baseline temperature (0: greedy).", **_D)
+flags.DEFINE_integer("seed", 0, "Random seed.", **_D)
+flags.DEFINE_string("json_out", None, "Also write the numbers to this JSON file.", **_D)
+
+BUCKETS = ("easy", "medium", "hard")
+
+
+def load_data(path: str, limit: int = 0) -> dict:
+  """{"puzzle", "solution", "num_clues", "needs_search"} from a CSV or an npz."""
+  import numpy as np
+
+  from dgemma.data import sudoku, sudoku_formats
+  if not os.path.isfile(path):
+    raise ValueError(f"{path}: data file not found")
+  if path.endswith(".npz"):
+    try:
+      with np.load(path) as f:
+        data = {k: f[k] for k in f.files}
+    except Exception as e:
+      raise ValueError(f"{path}: not a readable npz file ({e})") from None
+    for key in ("puzzle", "solution"):
+      if key not in data or np.asarray(data[key]).ndim != 2 or np.asarray(data[key]).shape[1] != 81:
+        raise ValueError(f"{path}: expected a [n, 81] array {key!r}")
+    if limit:
+      data = {k: v[:limit] for k, v in data.items()}
+    if "needs_search" not in data:
+      data["needs_search"] = np.array([sudoku.solve_with_singles(p) is None for p in data["puzzle"]], bool)
+  else:
+    data = sudoku_formats.read_csv(path, limit=limit or None)
+  data["num_clues"] = (np.asarray(data["puzzle"]) != 0).sum(1)
+  if len(data["puzzle"]) == 0:
+    raise ValueError(f"{path}: no puzzles")
+  return data
+
+
+def summarize(data: dict, predictions, steps, tokens_per_forward) -> dict:
+  """Metrics overall and per group; groups without puzzles have count 0 and None metrics."""
+  import numpy as np
+
+  from dgemma.data import sudoku, sudoku_task
+
+  def group(mask):
+    n = int(mask.sum())
+    if n == 0:
+      return {"count": 0, "accuracy": None, "cell_accuracy": None, "clue_preservation": None,
+              "exact_clue_preservation": None, "mean_steps": None, "median_steps": None,
+              "tokens_per_forward": None}
+    scores = sudoku_task.score(data["puzzle"][mask], data["solution"][mask], predictions[mask])
+    return {"count": n, **scores, "mean_steps": float(np.mean(steps[mask])),
+            "median_steps": float(np.median(steps[mask])),
+            "tokens_per_forward": float(np.mean(tokens_per_forward[mask]))}
+
+  predictions, steps = np.asarray(predictions), np.asarray(steps)
+  tokens_per_forward = np.asarray(tokens_per_forward)
+  buckets = np.array([sudoku.difficulty_bucket(int(c)) for c in data["num_clues"]])
+  search = np.asarray(data["needs_search"], bool)
+  out = group(np.ones(len(predictions), bool))
+  out["by_difficulty"] = {b: group(buckets == b) for b in BUCKETS}
+  out["by_solver_label"] = {"singles": group(~search), "search": group(search)}
+  return out
+
+
+def _batches(puzzles, batch_size):
+  """Equal-shape batches (the last one padded by repeating its first puzzle), so one compilation serves all."""
+  import numpy as np
+  for start in range(0, len(puzzles), batch_size):
+    chunk = puzzles[start:start + batch_size]
+    n = len(chunk)
+    if n < batch_size:
+      chunk = np.concatenate([chunk, np.repeat(chunk[:1], batch_size - n, axis=0)])
+    yield chunk, n
+
+
+def evaluate(params, task, data: dict, mode: str, sampler, batch_size: int, seed: int,
+             ar_temperature: float = 0.0) -> dict:
+  """Runs one decoder ("diffusion" or "ar") over all puzzles; returns summarize(...) plus timing."""
+  import jax
+  import numpy as np
+
+  from dgemma.sampling import sudoku as sudoku_sampling
+  from dgemma.sampling.autoregressive import compile_autoregressive
+  from dgemma.sampling.generate import compile_generate
+
+  puzzles = np.asarray(data["puzzle"])
+  batch_size = min(batch_size, len(puzzles))
+  example, valid = task.prompts(puzzles[:batch_size])
+  key = jax.random.key(seed)
+  if mode == "diffusion":
+    run, compile_s = compile_generate(params, task.config, example, valid, key, task.sampler(sampler))
+  else:
+    run, compile_s = compile_autoregressive(params, task.config, example, valid, key,
+                                            sudoku_sampling.ar_config(task, ar_temperature))
+  preds, steps, tpf = [], [], []
+  start = time.perf_counter()
+  for index, (chunk, n) in enumerate(_batches(puzzles, batch_size)):
+    tokens, valid = task.prompts(chunk)
+    out = jax.block_until_ready(run(tokens, valid, jax.random.fold_in(key, index)))
+    preds.append(task.decode(np.asarray(out.tokens))[:n])
+    steps.append(np.asarray(out.steps_per_canvas[:, 0] if mode == "diffusion" else out.forward_passes)[:n])
+    tpf.append(np.asarray(out.tokens_per_forward)[:n])
+  wall = time.perf_counter() - start
+  result = summarize(data, np.concatenate(preds), np.concatenate(steps), np.concatenate(tpf))
+  result.update(wall_time_s=wall, compile_time_s=compile_s, puzzles_per_s=len(puzzles) / max(wall, 1e-9))
+  return result
+
+
+def _print(name: str, r: dict) -> None:
+  def line(label, g):
+    if not g["count"]:
+      return f"  {label:<8} n=0"
+    return (f"  {label:<8} n={g['count']:<5} acc {g['accuracy']:.3f}  cells {g['cell_accuracy']:.3f}  "
+            f"clues {g['clue_preservation']:.3f}  steps {g['mean_steps']:.1f} (median {g['median_steps']:.0f})  "
+            f"tok/fwd {g['tokens_per_forward']:.2f}")
+  print(f"== {name}: {r['count']} puzzles in {r['wall_time_s']:.2f} s ({r['puzzles_per_s']:.1f}/s; "
+        f"compile {r['compile_time_s']:.1f} s)")
+  print(line("all", r))
+  for b in BUCKETS:
+    print(line(b, r["by_difficulty"][b]))
+  for b in ("singles", "search"):
+    print(line(b, r["by_solver_label"][b]))
+
+
+def run() -> int:
+  from dgemma.sampling import SamplerConfig
+  from dgemma.sampling import sudoku as sudoku_sampling
+
+  if not FLAGS.ckpt or not FLAGS.data:
+    raise ValueError("--ckpt and --data are required")
+  if FLAGS.batch_size < 1 or FLAGS.limit < 0:
+    raise ValueError("--batch_size must be >= 1 and --limit >= 0")
+  sampler = SamplerConfig(
+      max_denoising_steps=FLAGS.max_steps, entropy_bound=FLAGS.entropy_bound, t_max=FLAGS.t_max,
+      t_min=FLAGS.t_min, schedule=FLAGS.schedule, adaptive_stopping=FLAGS.adaptive_stopping,
+      stability_threshold=FLAGS.stability_threshold, confidence_threshold=FLAGS.confidence_threshold)
+  if not FLAGS.ar_temperature >= 0:
+    raise ValueError(f"--ar_temperature must be >= 0, got {FLAGS.ar_temperature}")
+  data = load_data(FLAGS.data, FLAGS.limit)
+  from dgemma.checkpoints import load_model
+  if not os.path.exists(FLAGS.ckpt):
+    raise ValueError(f"checkpoint {FLAGS.ckpt} does not exist")
+  try:
+    config, params, metadata = load_model(FLAGS.ckpt)
+  except Exception as e:
+    raise ValueError(f"cannot load checkpoint {FLAGS.ckpt}: {str(e).splitlines()[0] if str(e) else e!r}") from None
+  task = sudoku_sampling.load_task(config, metadata, FLAGS.ckpt)
+
+  settings = {"ckpt": FLAGS.ckpt, "task": task.name, "data": FLAGS.data, "max_steps": FLAGS.max_steps,
+              "adaptive_stopping": FLAGS.adaptive_stopping, "t_max": FLAGS.t_max, "t_min": FLAGS.t_min,
+              "schedule": FLAGS.schedule, "entropy_bound": FLAGS.entropy_bound, "seed": FLAGS.seed,
+              "batch_size": FLAGS.batch_size}
+  modes = ["diffusion", "ar"] if FLAGS.mode == "both" else [FLAGS.mode]
+  results = {}
+  for mode in modes:
+    results[mode] = evaluate(params, task, data, mode, sampler, FLAGS.batch_size, FLAGS.seed, FLAGS.ar_temperature)
+    _print("block diffusion" if mode == "diffusion" else "autoregressive", results[mode])
+  report = dict(results[modes[0]], mode=modes[0], settings=settings)
+  if "ar" in results and modes[0] != "ar":
+    report["autoregressive"] = results["ar"]
+    report["speedup_vs_autoregressive"] = results["ar"]["wall_time_s"] / max(results["diffusion"]["wall_time_s"],
+                                                                             1e-9)
+    print(f"== block diffusion is {report['speedup_vs_autoregressive']:.2f}x the autoregressive speed")
+  if FLAGS.json_out:
+    with open(FLAGS.json_out, "w") as f:
+      json.dump(report, f, indent=2)
+    print(f"wrote {FLAGS.json_out}")
+  return 0
+
+
+def main(argv: list[str]) -> int:
+  """Runs with command-line `argv`; bad input prints one `error:` line and returns a non-zero code."""
+  if any(a in ("-h", "--help", "-help", "--helpshort") for a in argv[1:]):
+    print(__doc__.strip() + "\n\nflags:\n" + FLAGS.get_help())
+    return 0
+  try:
+    FLAGS.unparse_flags()
+    FLAGS(argv)
+  except flags.Error as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  try:
+    return run()
+  except (ValueError, FileNotFoundError, RuntimeError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))

@@ -1,0 +1,145 @@
+"""Properties of the jitted sampler: rows are independent, it compiles once per shape, it is deterministic
+given its key, the step accounting is consistent, and bad input fails with one clear line."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dgemma import model
+from dgemma.config import GLOBAL, LOCAL, tiny_moe
+from dgemma.sampling import SamplerConfig, generate
+from dgemma.sampling.generate import _generate
+
+STEPS = 10
+# Low temperature on a model with large weights: rows settle and stop after different numbers of steps, so
+# frozen rows and early exits are exercised, while sampling still matters at the unsure positions.
+SAMPLER = SamplerConfig(max_denoising_steps=STEPS, max_new_tokens=24, t_max=0.03, t_min=0.015,
+                        return_trajectory=True)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  config = tiny_moe(num_layers=2, layer_types=(LOCAL, GLOBAL), stop_ids=(1,))
+  params = model.init_params(config, jax.random.key(0))
+  params = jax.tree.map(lambda x: x * 6 if x.ndim >= 2 else x, params)
+  return config, params
+
+
+def _batch(seed):
+  rng = np.random.default_rng(seed)
+  prompt = rng.integers(3, 64, (4, 6))
+  valid = np.ones_like(prompt, bool)
+  valid[2, 4:] = False
+  return np.where(valid, prompt, 0), valid
+
+
+def _keys(*seeds):
+  return jnp.stack([jax.random.key(s) for s in seeds])
+
+
+def test_rows_are_independent_and_compile_once(tiny):
+  config, params = tiny
+  prompt_a, valid_a = _batch(0)
+  prompt_b, valid_b = _batch(1)
+  # Rows 1 and 2 are shared (same prompt, same key); rows 0 and 3 differ.
+  prompt_b[1:3], valid_b[1:3] = prompt_a[1:3], valid_a[1:3]
+  out_a = generate(params, config, prompt_a, valid_a, _keys(10, 11, 12, 13), SAMPLER)
+  size = _generate._cache_size()
+  out_b = generate(params, config, prompt_b, valid_b, _keys(20, 11, 12, 23), SAMPLER)
+  assert _generate._cache_size() == size  # new values, same shapes: no recompilation
+  for field in ("tokens", "steps_per_canvas", "tokens_per_forward", "trajectory"):
+    a, b = np.asarray(getattr(out_a, field)), np.asarray(getattr(out_b, field))
+    np.testing.assert_array_equal(a[1:3], b[1:3], err_msg=field)
+    assert not np.array_equal(a[[0, 3]], b[[0, 3]]), field  # the other rows did change
+  steps = np.asarray(out_a.steps_per_canvas)
+  assert len(set(steps.ravel().tolist())) > 2  # rows stopped after different numbers of steps
+
+
+def test_deterministic_given_the_key_and_row_keys_from_one_key(tiny):
+  config, params = tiny
+  prompt, valid = _batch(0)
+  key = jax.random.key(5)
+  first = generate(params, config, prompt, valid, key, SAMPLER)
+  again = generate(params, config, prompt, valid, key, SAMPLER)
+  per_row = generate(params, config, prompt, valid, jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(4)),
+                     SAMPLER)
+  for out in (again, per_row):
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(first.tokens))
+
+
+def test_step_accounting_and_trajectory(tiny):
+  config, params = tiny
+  prompt, valid = _batch(2)
+  out = generate(params, config, prompt, valid, jax.random.key(3), SAMPLER)
+  tokens = np.asarray(out.tokens).reshape(4, 3, 8)
+  steps = np.asarray(out.steps_per_canvas)
+  traj = np.asarray(out.trajectory)
+  assert ((steps >= 0) & (steps <= STEPS)).all()
+  for row in range(4):
+    for i in range(3):
+      if steps[row, i] == 0:  # a canvas the row did not take part in is all pad
+        assert (tokens[row, i] == config.pad_id).all()
+        continue
+      last = traj[row, i, steps[row, i] - 1]
+      # The committed canvas is the row's last argmax canvas, truncated after its first stop token.
+      stop = np.flatnonzero(np.isin(last, config.stop_ids))
+      expected = last.copy()
+      if stop.size:
+        expected[stop[0] + 1:] = config.pad_id
+      np.testing.assert_array_equal(tokens[row, i], expected)
+      # A stopped row is frozen: its argmax canvas repeats for the rest of the executed steps.
+      executed = traj[row, i, :, 0] >= 0
+      np.testing.assert_array_equal(traj[row, i, executed][steps[row, i] - 1:],
+                                    np.broadcast_to(last, (executed.sum() - steps[row, i] + 1, 8)))
+  nonpad = (np.asarray(out.tokens) != config.pad_id).sum(1)
+  np.testing.assert_allclose(np.asarray(out.tokens_per_forward), nonpad / steps.sum(1), rtol=1e-6)
+
+
+def test_without_adaptive_stopping_every_step_runs(tiny):
+  config, params = tiny
+  prompt, valid = _batch(0)
+  sampler = SamplerConfig(max_denoising_steps=4, max_new_tokens=8, t_max=0.03, t_min=0.015,
+                          adaptive_stopping=False, stop_ids=())
+  out = generate(params, config, prompt, valid, jax.random.key(0), sampler)
+  np.testing.assert_array_equal(np.asarray(out.steps_per_canvas), np.full((4, 1), 4))
+  np.testing.assert_allclose(np.asarray(out.tokens_per_forward),
+                             (np.asarray(out.tokens) != config.pad_id).sum(1) / 4, rtol=1e-6)
+
+
+def test_sampler_config_defaults_are_the_reference():
+  s = SamplerConfig()
+  assert (s.max_denoising_steps, s.entropy_bound, s.t_max, s.t_min) == (48, 0.1, 0.8, 0.4)
+  assert (s.stability_threshold, s.confidence_threshold, s.max_new_tokens) == (1, 0.005, 256)
+  resolved = s.resolve(tiny_moe(canvas_length=256))
+  assert resolved.canvas_length == 256 and resolved.stop_ids == (1, 106, 50)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(max_denoising_steps=0), "max_denoising_steps must be a positive integer"),
+    (dict(entropy_bound=-1.0), "entropy_bound must be > 0"),
+    (dict(t_max=0.3, t_min=0.4), "t_max must be > t_min"),
+    (dict(schedule="exp"), "unknown temperature schedule"),
+    (dict(stability_threshold=-1), "stability_threshold must be an integer >= 0"),
+    (dict(confidence_threshold=0.0), "confidence_threshold must be > 0"),
+    (dict(max_new_tokens=0), "max_new_tokens must be a positive integer"),
+])
+def test_bad_sampler_knobs(bad, message):
+  with pytest.raises(ValueError, match=message):
+    SamplerConfig(**bad)
+
+
+def test_bad_inputs(tiny):
+  config, params = tiny
+  prompt, valid = _batch(0)
+  key = jax.random.key(0)
+  with pytest.raises(ValueError, match="shape \\[batch, length\\]"):
+    generate(params, config, prompt[0], None, key, SAMPLER)
+  with pytest.raises(ValueError, match="outside \\[0, 64\\)"):
+    generate(params, config, prompt + 100, None, key, SAMPLER)
+  with pytest.raises(ValueError, match="prompt_valid has shape"):
+    generate(params, config, prompt, valid[:, :3], key, SAMPLER)
+  with pytest.raises(ValueError, match="needs 30 cache slots, more than max_cache_len=20"):
+    generate(params, config, prompt, valid, key, SAMPLER, max_cache_len=20)
+  with pytest.raises(ValueError, match="rng must be one key or 4 keys"):
+    generate(params, config, prompt, valid, _keys(1, 2), SAMPLER)

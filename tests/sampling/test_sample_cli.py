@@ -1,0 +1,129 @@
+"""sample.py on a tiny text checkpoint with its own tokenizer: output, step-by-step display, and bad input."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+from dgemma import model
+from dgemma.checkpoints import save_model
+from dgemma.config import small_dense
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+WORDS = "why is the sky blue because light scatters in air and red sun".split()
+
+
+def _sample_module():
+  spec = importlib.util.spec_from_file_location("sample_under_test", ROOT / "sample.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _write_tokenizer(path, chat_template):
+  vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3}
+  for w in WORDS:
+    vocab[w] = len(vocab)
+  while len(vocab) < 64:
+    vocab[f"w{len(vocab)}"] = len(vocab)
+  tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+  tok.pre_tokenizer = pre_tokenizers.Whitespace()
+  tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+  tok.decoder = decoders.WordPiece()
+  tok.save(os.path.join(path, "tokenizer.json"))
+  if chat_template:
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+      json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
+                 "pad_token": "<pad>", "unk_token": "<unk>",
+                 "chat_template": "{{ bos_token }}{% for m in messages %}why {{ m['content'] }}{% endfor %}"}, f)
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+  root = tmp_path_factory.mktemp("cli")
+  config = small_dense(64, width=16, num_layers=1, num_heads=2, canvas_length=4, stop_ids=(1,))
+  params = model.init_params(config, jax.random.key(0))
+  paths = {}
+  for name, tokenizer in (("chat", "chat"), ("plain", "plain"), ("bare", None)):
+    paths[name] = str(root / name)
+    save_model(paths[name], config, params)
+    if tokenizer:
+      _write_tokenizer(paths[name], chat_template=tokenizer == "chat")
+  corrupt = root / "corrupt"
+  corrupt.mkdir()
+  (corrupt / "dgemma.json").write_text("{not json")
+  paths["corrupt"] = str(corrupt)
+  return paths
+
+
+def _run(args, capsys):
+  rc = _sample_module().main(["sample.py", *args])
+  out = capsys.readouterr()
+  return rc, out.out, out.err
+
+
+def test_text_prompt_with_chat_template_and_steps(ckpts, capsys, tmp_path):
+  html = tmp_path / "s.html"
+  rc, out, err = _run([f"--ckpt={ckpts['chat']}", "--prompt=is the sky blue", "--max_new_tokens=8", "--steps=3",
+                       "--show_steps", f"--show_steps_html={html}"], capsys)
+  assert rc == 0, err
+  assert "=== prompt 1/1" in out and "steps per canvas:" in out
+  assert "tokens per forward pass" in out and "tokens/s" in out and "compile" in out
+  frames = [line for line in out.splitlines() if line.startswith("--- canvas")]
+  assert frames[0] == "--- canvas 1/2 · step 1/3" and len(frames) >= 2
+  page = html.read_text()
+  assert "const frames =" in page and "canvas 1/2" in page
+
+
+def test_chat_template_is_applied(ckpts):
+  sample = _sample_module()
+  chat, plain = sample.TextTokenizer(ckpts["chat"]), sample.TextTokenizer(ckpts["plain"])
+  assert chat.hf is not None and plain.hf is None  # transformers where a tokenizer_config.json says so
+  assert chat.chat_template and not plain.chat_template
+  # The template prepends "why"; the plain tokenizer adds only BOS.
+  assert chat.encode("is the sky blue", chat=True) == [2, 4, 5, 6, 7, 8]
+  assert plain.encode("is the sky blue", chat=False) == [2, 5, 6, 7, 8]
+  assert plain.piece(7) == "sky " and plain.decode([2, 6, 7, 1]) == "the sky"
+
+
+def test_prompt_ids_batch(ckpts, capsys):
+  rc, out, err = _run([f"--ckpt={ckpts['bare']}", "--prompt_ids=2,5,6;2,7", "--max_new_tokens=4",
+                       "--steps=2", "--seed=3"], capsys)
+  assert rc == 0, err
+  assert "=== prompt 2/2" in out and "2 prompt(s)" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--ckpt={missing}", "--prompt=hi"], "error: checkpoint {missing} does not exist"),
+    (["--ckpt={corrupt}", "--prompt=hi"], "error: cannot load checkpoint {corrupt}: "),
+    (["--ckpt={bare}", "--prompt=hi"], "error: checkpoint {bare} has no tokenizer (tokenizer.json or a "
+                                       "SentencePiece .model); pass --prompt_ids=1,2,3"),
+    (["--ckpt={plain}", "--prompt=hi", "--chat=on"], "error: --chat=on but the tokenizer of {plain} has no chat"),
+    (["--ckpt={bare}", "--prompt_ids=2,5,6", "--max_cache_len=10"],
+     "error: a prompt of 3 tokens plus 64 canvas(es) of 4 tokens needs 259 cache slots, more than "
+     "max_cache_len=10"),
+    (["--ckpt={bare}", "--prompt_ids=2,5,6", "--t_max=0.3"], "error: t_max must be > t_min"),
+    (["--ckpt={bare}", "--prompt_ids=2,5,6", "--steps=0"], "error: max_denoising_steps must be a positive"),
+    (["--ckpt={bare}", "--prompt_ids=2,x"], "error: --prompt_ids must be comma-separated integers"),
+    (["--ckpt={bare}", "--prompt_ids=2,99"], "error: prompt_tokens has token ids outside [0, 64)"),
+    (["--ckpt={bare}"], "error: give exactly one of --prompt, --prompt_ids or --prompts_file"),
+    (["--ckpt={bare}", "--prompt_ids=2", "--steps=abc"], "error: flag --steps=abc"),
+])
+def test_bad_input_gives_one_line(ckpts, capsys, tmp_path, args, message):
+  names = dict(ckpts, missing=str(tmp_path / "nope"))
+  rc, _, err = _run([a.format(**names) for a in args], capsys)
+  assert rc != 0
+  assert err.count("\n") == 1 and err.startswith(message.format(**names)), err
+
+
+def test_runs_as_a_program(ckpts, tmp_path):
+  proc = subprocess.run([sys.executable, str(ROOT / "sample.py"), f"--ckpt={tmp_path / 'nope'}", "--prompt=hi"],
+                        capture_output=True, text=True, cwd=str(ROOT), env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 1
+  assert proc.stderr.strip() == f"error: checkpoint {tmp_path / 'nope'} does not exist"

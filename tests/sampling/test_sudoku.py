@@ -1,0 +1,191 @@
+"""Sudoku: prompts, solving with both decoders, the evaluation script and sample.py on a digit-vocab model."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+import tokenizers
+
+from dgemma import model
+from dgemma.checkpoints import save_model
+from dgemma.config import small_dense
+from dgemma.data import sudoku, sudoku_formats, sudoku_task, sudoku_text
+from dgemma.sampling import SamplerConfig
+from dgemma.sampling import sudoku as sudoku_sampling
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CLASSIC = "530070000600195000098000060800060003400803001700020006060000280000419005000080079"
+SAMPLER = SamplerConfig(max_denoising_steps=4)  # what eval_sudoku.py builds from --max_steps=4
+
+
+def _script(relative):
+  spec = importlib.util.spec_from_file_location(pathlib.Path(relative).stem + "_under_test", ROOT / relative)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.fixture(scope="module")
+def data():
+  solution = sudoku.solve(sudoku.from_string(CLASSIC))[0]
+  rng = np.random.default_rng(0)
+  puzzles = [sudoku.from_string(CLASSIC)]
+  for clues in (45, 35, 25):  # easy, medium, hard
+    p = solution.copy()
+    p[rng.choice(81, 81 - clues, replace=False)] = 0
+    puzzles.append(p)
+  return {"puzzle": np.stack(puzzles).astype(np.int8), "solution": np.stack([solution] * 4).astype(np.int8)}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory, data):
+  config = small_dense(sudoku_task.DIGIT_VOCAB_SIZE, width=32, num_layers=2, num_heads=2, canvas_length=81)
+  params = model.init_params(config, jax.random.key(0))
+  path = tmp_path_factory.mktemp("sudoku")
+  save_model(str(path / "ckpt"), config, params, {"task": {"name": "sudoku_digits", "prompt_len": 82}})
+  sudoku_formats.write_csv(str(path / "puzzles.csv"), data)
+  return path, config, params
+
+
+def test_parse_puzzle_and_prompts(ckpt):
+  _, config, _ = ckpt
+  grid = sudoku_sampling.parse_puzzle(" ".join(CLASSIC.replace("0", ".")))
+  np.testing.assert_array_equal(grid, sudoku.from_string(CLASSIC))
+  with pytest.raises(ValueError, match="must be 81 digits"):
+    sudoku_sampling.parse_puzzle(CLASSIC[:80])
+  with pytest.raises(ValueError, match="must be 81 digits"):
+    sudoku_sampling.parse_puzzle(CLASSIC[:80] + "x")
+  task = sudoku_sampling.load_task(config, {"task": {"name": "sudoku_digits", "prompt_len": 90}})
+  tokens, valid = task.prompts(grid[None])
+  expected = sudoku_task.encode_example(grid, grid, 90, 81)["prompt"]
+  np.testing.assert_array_equal(tokens[0], expected)  # exactly the training prompt
+  np.testing.assert_array_equal(valid[0], expected != sudoku_task.PAD_ID)
+  assert task.config.stop_ids == (sudoku_task.EOS_ID,)
+  with pytest.raises(ValueError, match="not a Sudoku checkpoint"):
+    sudoku_sampling.load_task(config, {"task": "demo"})
+
+
+def test_solve_with_both_decoders(ckpt, data):
+  _, config, params = ckpt
+  task = sudoku_sampling.load_task(config, {"task": {"name": "sudoku_digits", "prompt_len": 82}})
+  puzzles = data["puzzle"][:3]
+  result = sudoku_sampling.solve(params, task, puzzles, jax.random.key(0), SAMPLER)
+  assert result.tokens.shape == (3, 81)
+  np.testing.assert_array_equal(result.predictions, sudoku_task.decode_batch(result.tokens))
+  assert ((result.steps >= 1) & (result.steps <= 4)).all()
+  ar = sudoku_sampling.solve_autoregressive(params, task, puzzles, jax.random.key(0))
+  np.testing.assert_array_equal(ar.predictions, sudoku_task.decode_batch(ar.tokens))
+  assert ((ar.steps >= 1) & (ar.steps <= 81)).all()
+
+
+def _char_tokenizer(path):
+  """One token per character of the official prompt and answers, turn markers as added tokens."""
+  specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<|turn>", "<turn|>"]
+  chars = sorted(set(sudoku_text.SUDOKU_PROMPT.replace("{text}", "")) | set("0123456789 "))
+  vocab = {t: i for i, t in enumerate(specials + chars)}
+  tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+  tok.add_special_tokens(specials)
+  tok.decoder = tokenizers.decoders.Fuse()
+  tok.save(str(path / "tokenizer.json"))
+  return len(vocab)
+
+
+def test_text_format_task(tmp_path, data):
+  vocab = _char_tokenizer(tmp_path)
+  config = small_dense(vocab, width=16, num_layers=1, num_heads=2, canvas_length=170)
+  params = model.init_params(config, jax.random.key(1))
+  metadata = {"task": {"name": "sudoku_text", "prompt_len": 400, "tokenizer": str(tmp_path)}}
+  task = sudoku_sampling.load_task(config, metadata)
+  assert task.config.stop_ids == (1, 5) and task.config.pad_id == 0  # EOS and <turn|>
+  tokens, valid = task.prompts(data["puzzle"][:2])
+  expected = sudoku_text.encode_batch(task.tokenizer, data["puzzle"][:2], None, 400, 170)
+  np.testing.assert_array_equal(tokens, expected["prompt"])
+  np.testing.assert_array_equal(valid, expected["prompt_valid"])
+  # The answer text is read as in the official eval; a canvas holding the spaced solution decodes to it.
+  answer = task.tokenizer.encode(sudoku_text.format_target(data["solution"][0]), add_bos=False)
+  canvas = np.array([answer + [1] * (170 - len(answer))])
+  np.testing.assert_array_equal(task.decode(canvas)[0], data["solution"][0])
+  np.testing.assert_array_equal(task.cells(canvas[0, :20]), np.r_[data["solution"][0][:10], np.zeros(71)])
+  result = sudoku_sampling.solve(params, task, data["puzzle"][:2], jax.random.key(0),
+                                 SamplerConfig(max_denoising_steps=2))
+  assert result.tokens.shape == (2, 170) and result.predictions.shape == (2, 81)
+  np.testing.assert_array_equal(result.predictions, sudoku_text.decode_batch(task.tokenizer, result.tokens))
+  with pytest.raises(ValueError, match="tokenizer .* does not exist"):
+    sudoku_sampling.load_task(config, {"task": {"name": "sudoku_text", "tokenizer": str(tmp_path / "nope")}})
+
+
+def test_summarize_counts_and_scores(data):
+  evaluator = _script("scripts/eval_sudoku.py")
+  d = dict(data, num_clues=(data["puzzle"] != 0).sum(1), needs_search=np.array([False, False, True, True]))
+  steps, tpf = np.array([2, 4, 6, 8]), np.ones(4)
+  perfect = evaluator.summarize(d, d["solution"], steps, tpf)
+  assert perfect["accuracy"] == 1.0 and perfect["cell_accuracy"] == 1.0 and perfect["mean_steps"] == 5.0
+  assert {k: v["count"] for k, v in perfect["by_difficulty"].items()} == {"easy": 1, "medium": 2, "hard": 1}
+  assert perfect["by_solver_label"]["search"]["median_steps"] == 7.0
+  unfilled = evaluator.summarize(d, d["puzzle"], steps, tpf)
+  assert unfilled["accuracy"] == 0.0 and unfilled["cell_accuracy"] == 0.0
+  assert unfilled["clue_preservation"] == 1.0
+  assert unfilled["by_difficulty"]["hard"]["accuracy"] == 0.0
+
+
+def test_eval_script_writes_json(ckpt, tmp_path, capsys):
+  path, _, _ = ckpt
+  evaluator = _script("scripts/eval_sudoku.py")
+  out = tmp_path / "r.json"
+  rc = evaluator.main(["eval_sudoku.py", f"--ckpt={path / 'ckpt'}", f"--data={path / 'puzzles.csv'}",
+                       "--mode=both", "--max_steps=4", "--batch_size=3", f"--json_out={out}"])
+  assert rc == 0, capsys.readouterr().err
+  report = json.loads(out.read_text())
+  for key in ("accuracy", "cell_accuracy", "clue_preservation", "mean_steps", "median_steps",
+              "tokens_per_forward", "wall_time_s", "by_difficulty", "by_solver_label", "autoregressive"):
+    assert key in report, key
+  assert report["count"] == 4 and 1 <= report["mean_steps"] <= 4
+  assert {b: report["by_difficulty"][b]["count"] for b in ("easy", "medium", "hard")} == \
+      {"easy": 1, "medium": 2, "hard": 1}
+  assert 0.0 <= report["by_difficulty"]["easy"]["accuracy"] <= 1.0
+  assert report["autoregressive"]["count"] == 4 and report["autoregressive"]["mean_steps"] <= 81
+  assert "block diffusion" in capsys.readouterr().out
+
+
+def test_eval_script_errors(ckpt, tmp_path, capsys):
+  path, _, _ = ckpt
+  evaluator = _script("scripts/eval_sudoku.py")
+  text_model = tmp_path / "text"
+  config = small_dense(16, width=16, num_layers=1, num_heads=2, canvas_length=8)
+  save_model(str(text_model), config, model.init_params(config, jax.random.key(0)))
+  rc = evaluator.main(["eval_sudoku.py", f"--ckpt={text_model}", f"--data={path / 'puzzles.csv'}"])
+  err = capsys.readouterr().err
+  assert rc == 1 and err.strip().startswith("error: not a Sudoku checkpoint: its metadata names no task")
+  rc = evaluator.main(["eval_sudoku.py", f"--ckpt={path / 'ckpt'}", f"--data={path / 'puzzles.csv'}",
+                       "--max_steps=0"])
+  err = capsys.readouterr().err
+  assert rc == 1 and err.count("\n") == 1 and "max_denoising_steps must be a positive integer" in err
+  # As a program: the script finds the package from the repository root and fails with one line.
+  proc = subprocess.run([sys.executable, str(ROOT / "scripts/eval_sudoku.py"), f"--ckpt={path / 'ckpt'}",
+                         f"--data={tmp_path / 'missing.csv'}"], capture_output=True, text=True,
+                        cwd=str(tmp_path), env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 1
+  assert proc.stderr.strip() == f"error: {tmp_path / 'missing.csv'}: data file not found"
+
+
+def test_sample_script_solves_and_shows_steps(ckpt, tmp_path, capsys):
+  path, _, _ = ckpt
+  sampler = _script("sample.py")
+  html = tmp_path / "steps.html"
+  rc = sampler.main(["sample.py", f"--ckpt={path / 'ckpt'}", f"--prompt={CLASSIC}", "--steps=4",
+                     f"--show_steps_html={html}"])
+  out = capsys.readouterr().out
+  assert rc == 0
+  assert "valid solution:" in out and "steps per canvas:" in out and "tokens/s" in out
+  grid_lines = [line for line in out.splitlines() if len(line.split()) == 9]
+  assert len(grid_lines) >= 9
+  assert '"label": "step 1/4"' in html.read_text()
+  rc = sampler.main(["sample.py", f"--ckpt={path / 'ckpt'}", "--prompt=12345"])
+  err = capsys.readouterr().err
+  assert rc == 1 and err.strip().startswith("error: a Sudoku puzzle must be 81 digits")
