@@ -18,6 +18,8 @@ import time
 
 from absl import flags
 
+from dgemma import cli
+
 FLAGS = flags.FlagValues()  # private: this module can be imported next to other scripts
 _D = dict(flag_values=FLAGS)
 flags.DEFINE_string("ckpt", None, "Checkpoint: our format, an HF directory, or a training workdir.", **_D)
@@ -281,20 +283,7 @@ def run() -> int:
 
 def main(argv: list[str]) -> int:
   """Runs with command-line `argv`; bad input prints one `error:` line and returns a non-zero code."""
-  if any(a in ("-h", "--help", "-help", "--helpshort") for a in argv[1:]):
-    print(__doc__.strip() + "\n\nflags:\n" + FLAGS.get_help())
-    return 0
-  try:
-    FLAGS.unparse_flags()
-    FLAGS(argv)
-  except flags.Error as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  try:
-    return run()
-  except (ValueError, FileNotFoundError, RuntimeError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
+  return cli.run_main(argv, __doc__, run, FLAGS)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from absl import flags  # noqa: E402
 
+from dgemma import cli  # noqa: E402
+
 FLAGS = flags.FlagValues()
 _D = dict(flag_values=FLAGS)
 flags.DEFINE_string("ckpt", None, "HF DiffusionGemma directory; default: a random one of the size below.", **_D)
@@ -220,25 +222,15 @@ def report(results: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-  if any(a in ("-h", "--help", "-help", "--helpshort") for a in argv[1:]):
-    print(__doc__.strip() + "\n\nflags:\n" + FLAGS.get_help())
-    return 0
-  try:
-    FLAGS.unparse_flags()
-    FLAGS(argv)
-  except flags.Error as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  try:
+  def run_and_report() -> int:
     results = run()
-  except (ValueError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  print(report(results))
-  if FLAGS.json_out:
-    with open(FLAGS.json_out, "w") as f:
-      json.dump(results, f, indent=2)
-  return 0
+    print(report(results))
+    if FLAGS.json_out:
+      with open(FLAGS.json_out, "w") as f:
+        json.dump(results, f, indent=2)
+    return 0
+
+  return cli.run_main(argv, __doc__, run_and_report, FLAGS, errors=(ValueError, FileNotFoundError))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from absl import flags  # noqa: E402
 
+from dgemma import cli  # noqa: E402
+
 FLAGS = flags.FlagValues()
 _D = dict(flag_values=FLAGS)
 flags.DEFINE_string("ckpt", None, "A Sudoku checkpoint (task sudoku_digits).", **_D)
@@ -207,20 +209,7 @@ def run() -> int:
 
 def main(argv: list[str]) -> int:
   """Runs with command-line `argv`; bad input prints one `error:` line and returns a non-zero code."""
-  if any(a in ("-h", "--help", "-help", "--helpshort") for a in argv[1:]):
-    print(__doc__.strip() + "\n\nflags:\n" + FLAGS.get_help())
-    return 0
-  try:
-    FLAGS.unparse_flags()
-    FLAGS(argv)
-  except flags.Error as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  try:
-    return run()
-  except (ValueError, FileNotFoundError, RuntimeError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
+  return cli.run_main(argv, __doc__, run, FLAGS)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,30 @@
+"""Command-line plumbing shared by sample.py and the scripts: absl flag parsing without `app.run`, so that bad
+input ends in one `error:` line and a non-zero exit code instead of a traceback."""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+from absl import flags
+
+USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError)
+
+
+def run_main(argv: list[str], doc: str, run: Callable[[], int | None], flag_values: flags.FlagValues,
+             errors: tuple[type[BaseException], ...] = USER_ERRORS) -> int:
+  """Parses `argv` into `flag_values`, then calls `run()`; returns the process exit code."""
+  if any(a in ("-h", "--help", "-help", "--helpshort") for a in argv[1:]):
+    print(doc.strip() + "\n\nflags:\n" + flag_values.get_help())
+    return 0
+  try:
+    flag_values.unparse_flags()
+    flag_values(argv)
+  except flags.Error as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  try:
+    return run() or 0
+  except errors as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
