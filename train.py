@@ -2,24 +2,30 @@
 
     python train.py --config=configs/sft_sudoku.py [--workdir=DIR] [--config.key=value ...]
 
+Training runs on a mesh over all devices of all processes (`config.mesh`, `config.sharding_rules`; see
+dgemma/sharding.py). Several processes (one per host, or per GPU) start JAX's multi-controller runtime by
+themselves under SLURM / Open MPI / Cloud TPU or with JAX_COORDINATOR_ADDRESS set, or from the flags
+--coordinator_address, --num_processes and --process_id. Only process 0 prints and writes TensorBoard.
+
 The workdir holds checkpoints (a restarted run resumes from the latest), TensorBoard events (tb/) and,
 at the end, the inference checkpoint (model/) that sample.py and scripts/eval_sudoku.py read.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
-from dgemma import checkpoints, model
+from dgemma import checkpoints, model, sharding
 from dgemma.data import sudoku, sudoku_formats, sudoku_task, sudoku_text
 from dgemma.data.tokenizer import load_tokenizer
 from dgemma.training import checkpointing, metrics as metrics_lib, optimizer, state as state_lib
@@ -27,6 +33,10 @@ from dgemma.training.config_utils import model_config
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (configs/*.py[:args]).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, logs and the final model (default workdirs/<config>).")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
+                                   "Multi-process runs: host:port of process 0 (default: from the cluster environment).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process runs: the number of processes.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process runs: this process's index.")
 
 # Model fields that may differ from an init_from checkpoint: they change computation, not shapes.
 _RUNTIME_FIELDS = {"remat", "attention_impl", "moe_impl", "param_dtype", "canvas_length", "stop_ids"}
@@ -36,11 +46,25 @@ class TrainingError(Exception):
   """A run stopped for a reason the user must see in one line (e.g. a NaN loss)."""
 
 
-def build_model(c: ml_collections.ConfigDict):
+def mesh_and_rules(c: ml_collections.ConfigDict) -> tuple[jax.sharding.Mesh, tuple]:
+  """The run's device mesh and sharding rules (defaults for configs without `mesh` / `sharding_rules`)."""
+  mesh_cfg = c.mesh.to_dict() if "mesh" in c and c.mesh is not None else None
+  rules = sharding.check_rules(c.sharding_rules if "sharding_rules" in c and c.sharding_rules is not None
+                               else sharding.DEFAULT_RULES)
+  return sharding.make_mesh(mesh_cfg), rules
+
+
+def build_model(c: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = None,
+                rules=sharding.DEFAULT_RULES):
+  """(model config, params, metadata); with a mesh, the params come sharded by the rules."""
   overrides = c.model.to_dict()
   if not c.init_from:
     config = model_config(c.model_preset, overrides)
-    return config, model.init_params(config, jax.random.key(c.seed)), {}
+    if mesh is None:
+      return config, model.init_params(config, jax.random.key(c.seed)), {}
+    shardings = sharding.tree_shardings(model.param_shapes(config), mesh, rules)
+    init = jax.jit(lambda rng: model.init_params(config, rng), out_shardings=shardings)
+    return config, init(jax.random.key(c.seed)), {}
   config, params, metadata = checkpoints.load_model(os.path.expanduser(c.init_from))
   for key, value in overrides.items():
     value = tuple(value) if isinstance(value, list) else value
@@ -48,19 +72,26 @@ def build_model(c: ml_collections.ConfigDict):
       raise ValueError(f"config.model.{key}={value!r} differs from the init_from checkpoint ({getattr(config, key)!r})")
   config = config.replace(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in overrides.items()
                              if k in _RUNTIME_FIELDS})
-  return config, jax.tree.map(lambda x: x.astype(config.param_dtype), params), metadata
+  params = jax.tree.map(lambda x: x.astype(config.param_dtype), params)
+  if mesh is not None:  # every process holds the whole checkpoint on the host and keeps its own shards
+    params = sharding.put(params, sharding.tree_shardings(params, mesh, rules))
+  return config, params, metadata
 
 
-def build_data(c: ml_collections.ConfigDict, config):
-  """The training stream and the task metadata that sampling/eval need to read the model's outputs."""
+def build_data(c: ml_collections.ConfigDict, config, shard: tuple[int, int, int] | None = None):
+  """The training stream and the task metadata that sampling/eval need to read the model's outputs.
+
+  `shard` = (index, count, local batch size) of this process's part of each global batch (`sharding.data_shard`);
+  default: the whole batch in one shard."""
   d = c.data
+  shard_index, shard_count, local_batch = shard or (0, 1, c.batch_size)
   if d.csv:
     data = sudoku_formats.read_csv(os.path.expanduser(d.csv))
   else:
     data = sudoku.generate_dataset(d.num_train, d.seed, d.min_clues, d.max_clues,
                                    cache_dir=os.path.expanduser(d.cache_dir) if d.cache_dir else None)
-  common = dict(batch_size=c.batch_size, prompt_len=d.prompt_len, canvas_len=config.canvas_length, seed=c.seed,
-                augment=d.augment, shard_index=jax.process_index(), shard_count=jax.process_count())
+  common = dict(batch_size=local_batch, prompt_len=d.prompt_len, canvas_len=config.canvas_length, seed=c.seed,
+                augment=d.augment, shard_index=shard_index, shard_count=shard_count)
   task = {"name": d.task, "prompt_len": d.prompt_len}
   if d.task == "sudoku_digits":
     if config.vocab_size < sudoku_task.DIGIT_VOCAB_SIZE:
@@ -81,30 +112,41 @@ def build_data(c: ml_collections.ConfigDict, config):
 
 def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None = None) -> dict:
   """Runs (or resumes) training; returns the last logged metrics. `stop_at_step` ends the run early
-  without a final checkpoint, as a preemption would (tests use it)."""
-  # --- Model --------------------------------------------------------------------------------------
-  config, params, _ = build_model(c)
+  without a final checkpoint, as a preemption would (tests use it).
+
+  Runs on the mesh of `c.mesh` over all devices of all processes; every process calls it (multi-process
+  runs initialise `jax.distributed` first: `sharding.maybe_initialize_distributed`)."""
+  lead = jax.process_index() == 0
+  say = print if lead else (lambda *a, **k: None)
+  # --- Mesh and model -----------------------------------------------------------------------------
+  mesh, rules = mesh_and_rules(c)
+  shard = sharding.data_shard(mesh, rules, c.batch_size)  # also checks that the mesh divides the batch
+  config, params, _ = build_model(c, mesh, rules)
   # --- Data ---------------------------------------------------------------------------------------
-  dataset, task_metadata = build_data(c, config)
+  dataset, task_metadata = build_data(c, config, shard)
   data_iter = iter(dataset)
-  checkpointing.write_run_info(workdir, config, task_metadata)
+  if lead:
+    checkpointing.write_run_info(workdir, config, task_metadata)
   # --- Optimizer and state ------------------------------------------------------------------------
   tx = optimizer.make_optimizer(c.optimizer)
   lr_schedule = optimizer.learning_rate_schedule(c.optimizer)
-  state = state_lib.create(params, tx, c.lora_rank, jax.random.key(c.seed + 1), c.optimizer.master_dtype)
+  state = state_lib.create(params, tx, c.lora_rank, jax.random.key(c.seed + 1), c.optimizer.master_dtype,
+                           mesh=mesh, rules=rules)
   del params
-  train_step = state_lib.make_train_step(config, c.diffusion, tx, c.seed)
+  state_shardings = jax.tree.map(lambda x: x.sharding, state)
+  train_step = state_lib.make_train_step(config, c.diffusion, tx, c.seed, state_shardings,
+                                         sharding.batch_sharding(mesh, rules, c.batch_size))
   # --- Resume -------------------------------------------------------------------------------------
   ckpt = checkpointing.Checkpointer(workdir, keep=c.keep_checkpoints)
   start = ckpt.latest_step() or 0
-  if start:
-    state, data_state = ckpt.restore(start, jax.tree.map(np.asarray, state))
+  if start:  # restored straight into this run's shardings, whatever mesh or process count saved it
+    state, data_state = ckpt.restore(start, sharding.abstract(state, state_shardings))
     data_iter.set_state(data_state)
-    print(f"Resumed from step {start} ({ckpt.directory})", flush=True)
+    say(f"Resumed from step {start} ({ckpt.directory})", flush=True)
   last_saved = start
   # --- Loop ---------------------------------------------------------------------------------------
   tokens_per_example = c.data.prompt_len + config.canvas_length
-  logger = metrics_lib.MetricsLogger(os.path.join(workdir, "tb") if jax.process_index() == 0 else None,
+  logger = metrics_lib.MetricsLogger(os.path.join(workdir, "tb") if lead else None,
                                      c.num_train_steps, tokens_per_example, c.batch_size)
   last_scalars: dict = {}
   pending = None  # (step, device metrics) read one step late, so the host never stalls the device
@@ -117,17 +159,21 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
                           f"{last_saved} in {ckpt.directory}")
     logger.add(step, host)
     if step % c.log_every == 0 or step == c.num_train_steps:
-      last_scalars = logger.flush(step, {"learning_rate": float(lr_schedule(step - 1))})
+      with contextlib.nullcontext() if lead else contextlib.redirect_stdout(io.StringIO()):
+        last_scalars = logger.flush(step, {"learning_rate": float(lr_schedule(step - 1))})
 
-  print(f"Training {sum(x.size for x in jax.tree.leaves(state.trainable)):,} parameters "
-        f"({'LoRA rank %d' % c.lora_rank if c.lora_rank else 'full'}) for {c.num_train_steps} steps; "
-        f"workdir {workdir}", flush=True)
+  say(f"Training {sum(x.size for x in jax.tree.leaves(state.trainable)):,} parameters "
+      f"({'LoRA rank %d' % c.lora_rank if c.lora_rank else 'full'}) for {c.num_train_steps} steps on "
+      f"{jax.device_count()} device(s), {jax.process_count()} process(es), mesh "
+      f"{dict(mesh.shape)}; workdir {workdir}", flush=True)
   try:
     for step in range(start, c.num_train_steps):
       if stop_at_step is not None and step >= stop_at_step:
         break
       batch = next(data_iter)
-      state, step_metrics = train_step(state, {k: batch[k] for k in ("prompt", "canvas", "canvas_mask")})
+      batch = sharding.global_batch({k: batch[k] for k in ("prompt", "canvas", "canvas_mask")}, mesh, rules,
+                                    c.batch_size)
+      state, step_metrics = train_step(state, batch)
       if pending is not None:
         consume(*pending)
       pending = (step + 1, step_metrics)
@@ -143,10 +189,11 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
     ckpt.close()
     logger.close()
   # --- Export -------------------------------------------------------------------------------------
-  if stop_at_step is None and jax.process_index() == 0:
-    final = state_lib.model_params(state.trainable, state.frozen, config)
-    checkpoints.save_model(os.path.join(workdir, "model"), config, final, task_metadata)
-    print(f"Saved the final model to {os.path.join(workdir, 'model')}", flush=True)
+  if stop_at_step is None:  # every process takes part in gathering the shards; process 0 writes
+    final = sharding.to_host(state_lib.model_params(state.trainable, state.frozen, config))
+    if lead:
+      checkpoints.save_model(os.path.join(workdir, "model"), config, final, task_metadata)
+      say(f"Saved the final model to {os.path.join(workdir, 'model')}", flush=True)
   return last_scalars
 
 
@@ -158,6 +205,9 @@ def main(argv):
   name = os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]
   workdir = _WORKDIR.value or os.path.join("workdirs", name)
   try:
+    if sharding.maybe_initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value) \
+        and jax.process_index() != 0:
+      logging.set_verbosity(logging.WARNING)  # library INFO logs (orbax, jax) from process 0 only
     train(c, workdir)
   except (TrainingError, ValueError, FileNotFoundError) as e:
     if os.environ.get("DGEMMA_TRACEBACK"):

@@ -21,7 +21,7 @@ from dgemma.training.config_utils import parse_arg
 
 SIZES = {  # width, layers, heads, batch, steps
     "debug": (32, 2, 2, 4, 6),
-    "small": (128, 6, 4, 64, 3000),
+    "small": (128, 6, 4, 48, 1200),
 }
 
 
@@ -65,6 +65,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       decay_steps=steps, b1=0.95, b2=0.99, eps=1e-8, weight_decay=1e-4, grad_clip_norm=1.0,
       master_dtype="float32"))
   c.lora_rank = 0  # > 0: train LoRA adapters of this rank instead of all weights
+
+  # Scale-out (dgemma/sharding.py): a mesh over all devices of all processes, sizes multiply to the device
+  # count, -1 takes the rest (default: data parallel over everything). Rules map the parameters' logical
+  # axes to mesh axes (MaxText style); a logical axis without a rule is replicated.
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
+  c.sharding_rules = (
+      ("batch", ("data", "fsdp", "expert")),
+      ("embed", "fsdp"),
+      ("heads", "tensor"),
+      ("kv_heads", "tensor"),
+      ("mlp", "tensor"),
+      ("expert", "expert"),
+      ("vocab", "tensor"),
+  )
 
   if args.init:  # a real DiffusionGemma checkpoint: the official SFT recipe, official text format
     full = args.lora == 0

@@ -5,7 +5,10 @@ Layout of a workdir:
     workdir/checkpoints/<step>/{state,data}
     workdir/tb/               TensorBoard events
 Orbax writes each step into a temporary directory and renames it when complete, so a run killed mid-save
-leaves the previous checkpoint intact.
+leaves the previous checkpoint intact. The state is saved sharded (every process writes its own shards) and
+restored onto whatever mesh the restoring run has: a target of ShapeDtypeStructs with shardings makes orbax
+read each device's part straight into place, also from a checkpoint written by another mesh shape or process
+count. The data-iterator state is the primary process's (all processes are at the same position).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from dgemma.checkpoints.native import config_from_dict, config_to_dict
@@ -38,6 +42,12 @@ class Checkpointer:
                                                      data=ocp.args.JsonSave(data_state)))
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
+    """(state, data-iterator state). `abstract_state`: the state's tree of jax.ShapeDtypeStructs with
+    shardings (`sharding.abstract`), or of arrays (jax arrays keep their shardings; numpy leaves come back
+    as numpy)."""
+    abstract_state = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) if isinstance(x, jax.Array) else x,
+        abstract_state)
     out = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
                                                               data=ocp.args.JsonRestore()))
     return out["state"], out["data"]
@@ -67,11 +77,18 @@ def load_inference(workdir: str, step: int | None = None) -> tuple[ModelConfig, 
     info = json.load(f)
   config = config_from_dict(info["model"])
   manager = ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), "checkpoints"),
-                                  item_names=("state", "data"))
+                                  item_names=("state", "data"),
+                                  item_handlers={"state": ocp.StandardCheckpointHandler(),
+                                                 "data": ocp.JsonCheckpointHandler()})
   step = manager.latest_step() if step is None else step
   if step is None:
     raise FileNotFoundError(f"{workdir}/checkpoints holds no finished checkpoint")
-  state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+  # Onto this process's first device, whatever mesh wrote the checkpoint.
+  metadata = manager.item_metadata(step)["state"]
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), np.dtype(m.dtype), sharding=device),
+                        getattr(metadata, "tree", metadata))
+  state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
   manager.close()
   params = model_params(state["trainable"], state.get("frozen"), config)
   return config, jax.device_get(params), info.get("metadata", {})

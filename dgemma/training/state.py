@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from dgemma import sharding
 from dgemma.config import ModelConfig
 from dgemma.diffusion import objective
 from dgemma.training import lora
@@ -29,7 +30,14 @@ class TrainState:
 
 
 def create(params: dict, tx: optax.GradientTransformation, lora_rank: int, rng: jax.Array,
-           master_dtype: str = "float32") -> TrainState:
+           master_dtype: str = "float32", mesh: jax.sharding.Mesh | None = None,
+           rules=sharding.DEFAULT_RULES) -> TrainState:
+  """The initial state. With a mesh, it is built by one jitted program straight into its shardings
+  (parameters, LoRA adapters and optimizer state by logical axis; see dgemma/sharding.py)."""
+  if mesh is not None:
+    fn = lambda p, r: create(p, tx, lora_rank, r, master_dtype)
+    shardings = sharding.tree_shardings(jax.eval_shape(fn, params, rng), mesh, rules)
+    return jax.jit(fn, out_shardings=shardings)(params, rng)
   if lora_rank > 0:
     trainable, frozen = lora.init(params, lora_rank, rng), params
   else:
@@ -46,9 +54,16 @@ def model_params(trainable, frozen, config: ModelConfig) -> dict:
 
 
 def make_train_step(config: ModelConfig, diffusion_cfg: ml_collections.ConfigDict,
-                    tx: optax.GradientTransformation, seed: int) -> Callable:
+                    tx: optax.GradientTransformation, seed: int, state_shardings: Any = None,
+                    batch_sharding: jax.sharding.Sharding | None = None) -> Callable:
   """(state, batch) -> (state, metrics), jitted; the step's randomness is fold_in(key(seed), step), so a
-  resumed run draws exactly the numbers an uninterrupted one would."""
+  resumed run draws exactly the numbers an uninterrupted one would (and, JAX's random bits being
+  partitionable, the same numbers on any mesh).
+
+  With `state_shardings` (a TrainState of shardings, `sharding.tree_shardings`) and `batch_sharding`, the step
+  runs on their mesh: the state keeps its shardings, the batch is split over the batch axes and the metrics
+  come back replicated (readable on every process).
+  """
 
   def step_fn(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     rng = jax.random.fold_in(jax.random.key(seed), state.step)
@@ -62,4 +77,8 @@ def make_train_step(config: ModelConfig, diffusion_cfg: ml_collections.ConfigDic
     metrics["grad_norm"] = optax.tree.norm(grads)
     return state.replace(step=state.step + 1, trainable=trainable, opt_state=opt_state), metrics
 
-  return jax.jit(step_fn, donate_argnums=(0,))
+  if state_shardings is None:
+    return jax.jit(step_fn, donate_argnums=(0,))
+  mesh = jax.tree.leaves(state_shardings)[0].mesh
+  return jax.jit(step_fn, donate_argnums=(0,), in_shardings=(state_shardings, batch_sharding),
+                 out_shardings=(state_shardings, sharding.replicated(mesh)))
