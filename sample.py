@@ -114,6 +114,8 @@ def _tokenizer_for(path: str) -> TextTokenizer | None:
   import glob
 
   from dgemma.data.tokenizer import TOKENIZER_FILE_NAMES
+  if path.endswith(".gguf") and os.path.isfile(path):  # a GGUF file carries its own vocabulary
+    return TextTokenizer(path)
   if not os.path.isdir(path):
     return None
   if not any(glob.glob(os.path.join(glob.escape(path), name)) for name in TOKENIZER_FILE_NAMES):

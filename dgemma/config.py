@@ -52,6 +52,10 @@ class ModelConfig:
   # > 0: a learned absolute position embedding for this many positions is added to the token embedding.
   # Not part of Gemma (0 there); it helps small models trained from scratch on grid tasks such as Sudoku.
   learned_positions: int = 0
+  # Switches for Gemma 3 backbones (imported from GGUF, dgemma/checkpoints/gguf.py); the defaults are Gemma 4's.
+  # Gemma 3 scales queries by query_pre_attn_scalar**-0.5 where Gemma 4 uses 1.0, and has no V-norm.
+  query_scale: float = 1.0
+  value_norm: bool = True
 
   def __post_init__(self):
     if len(self.layer_types) != self.num_layers:
@@ -70,6 +74,8 @@ class ModelConfig:
       raise ValueError(f"moe_impl must be 'xla' or 'pallas', got {self.moe_impl!r}")
     if self.param_dtype not in ("float32", "bfloat16", "float16"):
       raise ValueError(f"param_dtype must be float32, bfloat16 or float16, got {self.param_dtype!r}")
+    if not self.query_scale > 0:
+      raise ValueError(f"query_scale must be > 0, got {self.query_scale!r}")
 
   # Per-layer-type views, so the layers never branch on names.
   def num_kv_heads(self, kind: str) -> int:
@@ -173,6 +179,9 @@ class ModelConfig:
       raise ValueError("HF DiffusionGemma always has the MoE branch; num_experts must be > 0 to export")
     if self.local_rope_fraction != 1.0:
       raise ValueError("HF default RoPE on local layers needs local_rope_fraction=1.0")
+    if self.query_scale != 1.0 or not self.value_norm:
+      raise ValueError("HF DiffusionGemma has query scale 1.0 and a V-norm; a Gemma 3 backbone (query_scale, "
+                       "value_norm=False) cannot be exported to it")
     types = ["sliding_attention" if k == LOCAL else "full_attention" for k in self.layer_types]
     per_layer = {str(i): {"head_dim": self.global_head_dim, "num_key_value_heads": self.global_num_kv_heads}
                  for i, k in enumerate(self.layer_types) if k == GLOBAL}
@@ -228,10 +237,11 @@ TINY_HF_VISION_CONFIG = {
 }
 
 
-def _pattern(num_layers: int, period: int = 6) -> tuple[str, ...]:
-  """Gemma 4's layer pattern: (period-1) local layers then one global; the last layer is global."""
+def _pattern(num_layers: int, period: int = 6, last_global: bool = True) -> tuple[str, ...]:
+  """(period-1) local layers then one global. Gemma 4 forces the last layer global; Gemma 3 does not."""
   types = [LOCAL if (i + 1) % period else GLOBAL for i in range(num_layers)]
-  types[-1] = GLOBAL
+  if last_global:
+    types[-1] = GLOBAL
   return tuple(types)
 
 
@@ -272,7 +282,27 @@ def small_dense(vocab_size: int, width: int = 128, num_layers: int = 6, num_head
   return ModelConfig(**fields)
 
 
+def gemma3_270m(**overrides: Any) -> ModelConfig:
+  """Gemma 3 270M's backbone, as the GGUF import builds it (weights: `checkpoints.load_gguf`).
+
+  Versus Gemma 4: a dense MLP only, one KV head and head dim 256 on every layer with a separate V projection,
+  plain RoPE (10k local, 1M global, no scaling), window 512, queries scaled by query_pre_attn_scalar**-0.5
+  = 256**-0.5, no V-norm, no final softcap. Gemma 3's RMSNorm multiplies by (1 + w); GGUF files store 1 + w,
+  which is our plain scale, and Gemma 3 has no layer scalar (ours stays at 1.0).
+  """
+  fields = dict(
+      vocab_size=262_144, width=640, num_layers=18, num_heads=4,
+      local_num_kv_heads=1, local_head_dim=256, global_num_kv_heads=1, global_head_dim=256,
+      mlp_hidden=2048, num_experts=0, top_k_experts=0, expert_hidden=0,
+      sliding_window=512, layer_types=_pattern(18, last_global=False), global_k_eq_v=False,
+      global_rope_fraction=1.0, final_softcap=None, query_scale=256 ** -0.5, value_norm=False,
+      stop_ids=(1, 106))  # <eos>, <end_of_turn>
+  fields.update(overrides)
+  return ModelConfig(**fields)
+
+
 PRESETS = {
     "diffusiongemma_26b_a4b": diffusiongemma_26b_a4b,
     "tiny_moe": tiny_moe,
+    "gemma3_270m": gemma3_270m,
 }

@@ -84,9 +84,13 @@ def load_native(path: str) -> tuple[ModelConfig, dict, dict]:
 
 
 def load_model(path: str) -> tuple[ModelConfig, dict, dict]:
-  """(config, params, metadata) from a native checkpoint, an HF directory or a training workdir."""
+  """(config, params, metadata) from a native checkpoint, an HF directory, a training workdir or a GGUF file."""
   if not os.path.exists(path):
     raise FileNotFoundError(f"checkpoint {path} does not exist")
+  if path.endswith(".gguf"):  # a pretrained AR Gemma: turned into a diffusion model on load
+    from dgemma import diffusionize
+    config, params = diffusionize.load_gguf_diffusion(path, jax.random.key(0))
+    return config, params, {"diffusionized_from": os.path.abspath(path)}
   if os.path.exists(os.path.join(path, CONFIG_FILE)):
     return load_native(path)
   if os.path.exists(os.path.join(path, "config.json")):

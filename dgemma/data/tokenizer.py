@@ -1,10 +1,12 @@
 """A small tokenizer wrapper for checkpoints with a real text vocabulary.
 
 :func:`load_tokenizer` reads the tokenizer shipped with a checkpoint, either
-an HF ``tokenizer.json`` (through the ``tokenizers`` package) or a
+an HF ``tokenizer.json`` (through the ``tokenizers`` package), a
 SentencePiece ``.model`` file (through ``sentencepiece``, imported only when
-such a file is loaded). Both are wrapped in :class:`Tokenizer`, which exposes
-just what the data pipeline needs, with the same semantics for both formats:
+such a file is loaded), or the vocabulary inside a Gemma ``.gguf`` file
+(:func:`gguf_tokenizer` rebuilds it as a ``tokenizers`` BPE, the way
+transformers does). All are wrapped in :class:`Tokenizer`, which exposes
+just what the data pipeline needs, with the same semantics for all formats:
 
 * ``encode`` never adds special tokens on its own; BOS is prepended only when
   asked, because the recipe decides where BOS goes (spec §4.2, §8). Special
@@ -27,7 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["Tokenizer", "load_tokenizer", "TOKENIZER_FILE_NAMES"]
+__all__ = ["Tokenizer", "load_tokenizer", "gguf_tokenizer", "TOKENIZER_FILE_NAMES"]
 
 # Files looked for in a checkpoint directory, in order of preference. The
 # glob catches the official SentencePiece name, tokenizer_gemma4.model.
@@ -115,6 +117,11 @@ def _from_tokenizer_json(path: str) -> Tokenizer:
         tok = tokenizers.Tokenizer.from_file(path)
     except Exception as e:  # the Rust side raises a bare Exception on malformed files
         raise ValueError(f"{path}: not a valid HF tokenizer.json ({e})") from None
+    return _from_tokenizers(tok, path)
+
+
+def _from_tokenizers(tok, path: str) -> Tokenizer:
+    """Wraps a ``tokenizers.Tokenizer``."""
 
     def encode_many(texts: list[str]) -> list[list[int]]:
         # add_special_tokens=False disables the post-processor (which would add
@@ -158,6 +165,86 @@ def _from_sentencepiece(path: str) -> Tokenizer:
     )
 
 
+# llama.cpp token types (gguf.TokenType): NORMAL 1, UNKNOWN 2, CONTROL 3, USER_DEFINED 4, UNUSED 5, BYTE 6.
+_GGUF_CONTROL = 3
+_GGUF_USER_DEFINED = 4
+
+
+def _bpe_merges(pieces: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """Merges implied by a SentencePiece-BPE vocabulary: every split of a piece into two pieces.
+
+    Ranked by the piece's position in the vocabulary (Gemma's scores do not follow its merge order, the
+    order of the pieces does), then by longer left part first. This is transformers' ``generate_merges``
+    as its GGUF Gemma tokenizer calls it, so both build the same tokenizer.
+    """
+    merges = []
+    for piece in pieces:
+        for k in range(len(piece) - 1, 0, -1):
+            left, right = piece[:k], piece[k:]
+            if left in vocab and right in vocab:
+                merges.append((left, right))
+    return merges
+
+
+def gguf_tokenizer(path: str | os.PathLike[str]) -> "tokenizers.Tokenizer":
+    """The ``tokenizers.Tokenizer`` of a Gemma GGUF file (its SentencePiece-BPE vocabulary, rebuilt).
+
+    As transformers' ``GemmaTokenizer`` from a GGUF: BPE with byte fallback over the file's pieces
+    (all-space pieces respelled with "▁", as the normalizer writes spaces), merges from
+    :func:`_bpe_merges`, control tokens as special tokens and user-defined ones (newline runs, ...) as
+    added tokens, both matched whole in the text. ``.save(dir + "/tokenizer.json")`` writes it for checkpoints.
+    """
+    import tokenizers
+    from tokenizers import AddedToken, decoders, normalizers, pre_tokenizers, processors
+
+    from dgemma.checkpoints.gguf import read_gguf  # the header parser needs no gguf package
+
+    file = read_gguf(path)
+    md = file.metadata
+    kind = md.get("tokenizer.ggml.model")
+    if kind != "llama" or not file.architecture.startswith("gemma"):
+        raise ValueError(
+            f"{file.path}: unsupported GGUF tokenizer {kind!r} for architecture {file.architecture!r}; "
+            "only Gemma's SentencePiece vocabulary ('llama') is supported"
+        )
+    tokens = list(md["tokenizer.ggml.tokens"])
+    types = md.get("tokenizer.ggml.token_type")
+    types = np.full(len(tokens), 1) if types is None else np.asarray(types)
+    pieces = ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
+    vocab = {piece: i for i, piece in enumerate(pieces)}
+    unk = tokens[int(md.get("tokenizer.ggml.unknown_token_id", 3))]
+    tok = tokenizers.Tokenizer(
+        tokenizers.models.BPE(
+            vocab=vocab, merges=_bpe_merges(pieces, vocab), unk_token=unk, fuse_unk=True,
+            byte_fallback=True,
+        )
+    )
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    bos_id = int(md.get("tokenizer.ggml.bos_token_id", _DEFAULT_BOS_ID))
+    if md.get("tokenizer.ggml.add_bos_token", True):  # only for users of tokenizer.json: we add BOS ourselves
+        bos = tokens[bos_id]
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, bos_id)]
+        )
+    tok.add_special_tokens(
+        [AddedToken(t, normalized=False, special=True)
+         for t, token_type in zip(tokens, types) if token_type == _GGUF_CONTROL]
+    )
+    tok.add_tokens(
+        [AddedToken(t, normalized=False, special=False)
+         for t, token_type in zip(tokens, types) if token_type == _GGUF_USER_DEFINED and t in vocab]
+    )
+    return tok
+
+
+def _from_gguf(path: str) -> Tokenizer:
+    return _from_tokenizers(gguf_tokenizer(path), path)
+
+
 def _find_in_directory(directory: str) -> str:
     for pattern in TOKENIZER_FILE_NAMES:
         matches = sorted(glob.glob(os.path.join(glob.escape(directory), pattern)))
@@ -176,7 +263,8 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
 
     A directory is searched for the names in :data:`TOKENIZER_FILE_NAMES`, in
     that order. A file is read by its extension: ``.json`` as an HF
-    ``tokenizer.json``, ``.model`` as SentencePiece.
+    ``tokenizer.json``, ``.model`` as SentencePiece, ``.gguf`` as the
+    vocabulary of a Gemma GGUF checkpoint (:func:`gguf_tokenizer`).
     """
     path = os.fspath(path)
     if os.path.isdir(path):
@@ -187,6 +275,9 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
         return _from_tokenizer_json(path)
     if path.endswith(".model"):
         return _from_sentencepiece(path)
+    if path.endswith(".gguf"):
+        return _from_gguf(path)
     raise ValueError(
-        f"{path}: unknown tokenizer format; expected an HF tokenizer.json or a SentencePiece .model"
+        f"{path}: unknown tokenizer format; expected an HF tokenizer.json, a SentencePiece .model "
+        "or a .gguf checkpoint"
     )

@@ -1,4 +1,5 @@
-"""Multi-head attention with GQA, QK-norm, V-norm, (proportional) RoPE and attention scale 1.0.
+"""Multi-head attention with GQA, QK-norm, V-norm, (proportional) RoPE and attention scale 1.0
+(Gemma 3: queries scaled by `config.query_scale`, no V-norm).
 
 Two ways to read keys, chosen by the caller:
 - encode (`write_at` given): the new K/V are written into the layer cache at per-row slot `write_at`, and the
@@ -59,10 +60,12 @@ class Attention(nn.Module):
 
     q = jnp.einsum("btd,dnh->btnh", x_BxTxD, q_proj)
     q = apply_rope(RMSNorm(cfg.rms_norm_eps, dtype=dt, name="q_norm")(q), positions_BxT, inv_freq)
+    if cfg.query_scale != 1.0:  # Gemma 3; scaling q rather than the logits keeps every attention kernel as is
+      q = q * jnp.asarray(cfg.query_scale, q.dtype)
     k_raw = jnp.einsum("btd,dkh->btkh", x_BxTxD, k_proj)
     v_raw = k_raw if v_proj is None else jnp.einsum("btd,dkh->btkh", x_BxTxD, v_proj)
     k = apply_rope(RMSNorm(cfg.rms_norm_eps, dtype=dt, name="k_norm")(k_raw), positions_BxT, inv_freq)
-    v = RMSNorm(cfg.rms_norm_eps, with_scale=False, name="v_norm")(v_raw)  # V gets no RoPE
+    v = RMSNorm(cfg.rms_norm_eps, with_scale=False, name="v_norm")(v_raw) if cfg.value_norm else v_raw  # no RoPE
 
     cache_k, cache_v = layer_kv
     if write_at is not None:
