@@ -1,0 +1,35 @@
+"""Write an untrained (randomly initialised) model of a training config, e.g. the "base" row of a results table.
+
+    python scripts/init_model.py --config=configs/sft_sudoku.py --out=workdirs/sudoku_untrained
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import jax
+from absl import app, flags
+from ml_collections import config_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+
+from dgemma import checkpoints, model  # noqa: E402
+from dgemma.training.config_utils import model_config  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.")
+_OUT = flags.DEFINE_string("out", None, "Output directory (our inference checkpoint).", required=True)
+
+
+def main(argv):
+  del argv
+  c = _CONFIG.value
+  config = model_config(c.model_preset, c.model.to_dict())
+  params = model.init_params(config, jax.random.key(c.seed))
+  task = {"task": {"name": c.data.task, "prompt_len": c.data.prompt_len}}
+  checkpoints.save_model(_OUT.value, config, params, task)
+  print(f"wrote an untrained {config.num_layers}-layer model to {_OUT.value}")
+
+
+if __name__ == "__main__":
+  app.run(main)
