@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from dgemma import sharding
 from dgemma.data import sudoku_task
 from dgemma.training.config_utils import parse_arg
 
@@ -77,15 +78,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # count, -1 takes the rest (default: data parallel over everything). Rules map the parameters' logical
   # axes to mesh axes (MaxText style); a logical axis without a rule is replicated.
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
-  c.sharding_rules = (
-      ("batch", ("data", "fsdp", "expert")),
-      ("embed", "fsdp"),
-      ("heads", "tensor"),
-      ("kv_heads", "tensor"),
-      ("mlp", "tensor"),
-      ("expert", "expert"),
-      ("vocab", "tensor"),
-  )
+  c.sharding_rules = sharding.DEFAULT_RULES  # e.g. (("batch", ("data", "fsdp", "expert")), ("embed", "fsdp"), ...)
 
   if args.model == "gemma3_270m":  # pretrained AR Gemma 3, diffusionized on load; official text format
     from dgemma.checkpoints.gguf import packaged_gemma3_270m

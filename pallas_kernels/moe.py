@@ -295,16 +295,6 @@ def moe_experts(x_TxD: Float[Array, "T D"], weights_TxK: Float[Array, "T K"], ex
                 gate_up_ExDx2F: Float[Array, "E D 2F"], down_ExFxD: Float[Array, "E F D"], *,
                 tiling: GmmTiling | None = None, interpret: bool | None = None) -> Float[Array, "T D"]:
   """Dropless MoE with Pallas grouped matmuls; the contract of `dgemma.model.layers.experts_ragged_dot`."""
-  from dgemma.model.layers import gelu_tanh
-  t, k = experts_TxK.shape
-  num_experts = gate_up_ExDx2F.shape[0]
-  flat_expert = experts_TxK.reshape(-1)
-  order = jnp.argsort(flat_expert, stable=True)
-  token_of = order // k
-  group_sizes = jnp.bincount(flat_expert, length=num_experts).astype(jnp.int32)
-  xs = x_TxD[token_of]
-  h = gmm(xs, gate_up_ExDx2F, group_sizes, tiling=tiling, interpret=interpret)
-  gate, up = jnp.split(h, 2, axis=-1)
-  y = gmm(gelu_tanh(gate) * up, down_ExFxD, group_sizes, tiling=tiling, interpret=interpret)
-  y = y * weights_TxK.reshape(-1)[order][:, None].astype(y.dtype)
-  return jnp.zeros_like(x_TxD).at[token_of].add(y)
+  from dgemma.model.layers import experts_sorted
+  return experts_sorted(x_TxD, weights_TxK, experts_TxK, gate_up_ExDx2F, down_ExFxD,
+                        grouped_matmul=functools.partial(gmm, tiling=tiling, interpret=interpret))

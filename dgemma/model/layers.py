@@ -97,12 +97,12 @@ def route(x_TxD: Array, router_w_DxE: Array, router_scale_D: Array, per_expert_s
   return weights_TxK, experts_TxK
 
 
-def experts_ragged_dot(x_TxD: Array, weights_TxK: Array, experts_TxK: Array,
-                       gate_up_ExDx2F: Array, down_ExFxD: Array) -> Array:
+def experts_sorted(x_TxD: Array, weights_TxK: Array, experts_TxK: Array, gate_up_ExDx2F: Array,
+                   down_ExFxD: Array, grouped_matmul=jax.lax.ragged_dot) -> Array:
   """Dropless MoE: sort (token, expert) pairs by expert, two grouped matmuls, weighted scatter-add.
 
-  Exact for any routing (no capacity, no dropped tokens). `lax.ragged_dot` is the XLA grouped matmul;
-  `pallas_kernels` has the GPU kernel with the same contract.
+  Exact for any routing (no capacity, no dropped tokens). `grouped_matmul(lhs [M, D], rhs [E, D, F],
+  group_sizes [E]) -> [M, F]` is `lax.ragged_dot` (XLA) or the Pallas kernel `pallas_kernels.moe.gmm`.
   """
   t, k = experts_TxK.shape
   num_experts = gate_up_ExDx2F.shape[0]
@@ -111,11 +111,14 @@ def experts_ragged_dot(x_TxD: Array, weights_TxK: Array, experts_TxK: Array,
   token_of = order // k
   group_sizes = jnp.bincount(flat_expert, length=num_experts).astype(jnp.int32)
   xs = x_TxD[token_of]
-  h = jax.lax.ragged_dot(xs, gate_up_ExDx2F, group_sizes)
+  h = grouped_matmul(xs, gate_up_ExDx2F, group_sizes)
   gate, up = jnp.split(h, 2, axis=-1)
-  y = jax.lax.ragged_dot(gelu_tanh(gate) * up, down_ExFxD, group_sizes)
+  y = grouped_matmul(gelu_tanh(gate) * up, down_ExFxD, group_sizes)
   y = y * weights_TxK.reshape(-1)[order][:, None].astype(y.dtype)
   return jnp.zeros_like(x_TxD).at[token_of].add(y)
+
+
+experts_ragged_dot = experts_sorted  # the XLA path: lax.ragged_dot as the grouped matmul
 
 
 class MoE(nn.Module):
