@@ -47,6 +47,10 @@ flags.DEFINE_string("show_steps_html", None, "Also write the step-by-step animat
 flags.DEFINE_string("show_steps_gif", None, "Also write it as a GIF (needs Pillow).", **_D)
 flags.DEFINE_float("show_steps_delay", 0.08, "Seconds per frame of the animations.", **_D)
 flags.DEFINE_integer("show_row", 0, "Which prompt of a batch the step-by-step views show.", **_D)
+flags.DEFINE_string("coordinator_address", None,
+                    "Multi-process runs: host:port of process 0 (default: from the cluster environment).", **_D)
+flags.DEFINE_integer("num_processes", None, "Multi-process runs: the number of processes.", **_D)
+flags.DEFINE_integer("process_id", None, "Multi-process runs: this process's index.", **_D)
 
 
 class TextTokenizer:
@@ -192,8 +196,13 @@ def run() -> int:
   from dgemma.sampling import sudoku as sudoku_sampling
   from dgemma.sampling.generate import compile_generate
 
+  from dgemma import sharding
+
   if not FLAGS.ckpt:
     raise ValueError("--ckpt is required")
+  # Several processes (cluster launcher or flags): join JAX's multi-controller runtime before touching devices.
+  sharding.maybe_initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  say = print if jax.process_index() == 0 else (lambda *a, **k: None)  # only process 0 talks
   prompts = _prompts()
   sampler = _sampler_config()  # bad knob values fail here, before the checkpoint is read
   if FLAGS.show_steps_gif:
@@ -228,10 +237,13 @@ def run() -> int:
     raise ValueError(f"--show_row={FLAGS.show_row} but there are {len(prompts)} prompts")
 
   key = jax.random.key(FLAGS.seed)
+  # The weights live on a mesh over all devices of all processes, sharded by the default rules.
+  mesh = sharding.make_mesh()
+  params = sharding.put(params, sharding.tree_shardings(params, mesh))
   sample, compile_s = compile_generate(params, config, tokens, valid, key, sampler,
                                        max_cache_len=FLAGS.max_cache_len)
   start = time.perf_counter()
-  out = jax.block_until_ready(sample(tokens, valid, key))
+  out = sharding.to_host(jax.block_until_ready(sample(tokens, valid, key)))
   seconds = time.perf_counter() - start
 
   resolved = sampler.resolve(config)
@@ -239,32 +251,32 @@ def run() -> int:
   generated = np.asarray(out.tokens)
   steps = np.asarray(out.steps_per_canvas)
   for row in range(len(prompts)):
-    print(f"=== prompt {row + 1}/{len(prompts)}")
+    say(f"=== prompt {row + 1}/{len(prompts)}")
     if task is not None:
       grid = task.decode(generated[row:row + 1])[0]
       clues_kept = bool(np.all((puzzles[row] == 0) | (grid == puzzles[row])))
-      print("\n".join(" ".join(str(d) if d else "." for d in grid[r * 9:(r + 1) * 9]) for r in range(9)))
-      print(f"valid solution: {'yes' if sudoku.is_valid_solution(grid) else 'no'}; "
+      say("\n".join(" ".join(str(d) if d else "." for d in grid[r * 9:(r + 1) * 9]) for r in range(9)))
+      say(f"valid solution: {'yes' if sudoku.is_valid_solution(grid) else 'no'}; "
             f"clues kept: {'yes' if clues_kept else 'no'}")
     else:
       ids = generated[row].tolist()
       stops = [i for i, t in enumerate(ids) if t in resolved.stop_ids]
       ids = ids[:stops[0]] if stops else ids
       ids = [t for t in ids if t != config.pad_id]
-      print(tokenizer.decode(ids) if tokenizer is not None else ",".join(str(t) for t in ids))
-    print(f"steps per canvas: {[int(s) for s in steps[row] if s]}")
+      say(tokenizer.decode(ids) if tokenizer is not None else ",".join(str(t) for t in ids))
+    say(f"steps per canvas: {[int(s) for s in steps[row] if s]}")
 
   num_tokens = int((generated != config.pad_id).sum())
   canvases_run = int((steps > 0).any(axis=0).sum())
   passes = steps.sum(axis=1)
-  print(f"--- {len(prompts)} prompt(s) · canvas {c} · {canvases_run}/{steps.shape[1]} canvas(es) · "
+  say(f"--- {len(prompts)} prompt(s) · canvas {c} · {canvases_run}/{steps.shape[1]} canvas(es) · "
         f"mean steps per canvas {steps[steps > 0].mean():.1f} (max {resolved.max_denoising_steps}) · "
         f"tokens per forward pass {float(np.mean(np.asarray(out.tokens_per_forward))):.2f} · "
         f"denoiser passes per row {passes.tolist()}")
-  print(f"--- time {seconds:.2f} s (+ compile {compile_s:.1f} s) · {num_tokens} tokens · "
+  say(f"--- time {seconds:.2f} s (+ compile {compile_s:.1f} s) · {num_tokens} tokens · "
         f"{num_tokens / max(seconds, 1e-9):.1f} tokens/s")
 
-  if out.trajectory is not None:
+  if out.trajectory is not None and jax.process_index() == 0:  # views and files: process 0 only
     row = FLAGS.show_row
     if task is not None:
       frames = display.sudoku_frames(np.asarray(out.trajectory)[row, 0], steps[row, 0], task.cells)
@@ -276,10 +288,10 @@ def run() -> int:
       display.show_in_terminal(frames, delay=FLAGS.show_steps_delay)
     if FLAGS.show_steps_html:
       display.write_html(FLAGS.show_steps_html, frames, delay=max(FLAGS.show_steps_delay, 0.02))
-      print(f"wrote {FLAGS.show_steps_html} ({len(frames)} frames)")
+      say(f"wrote {FLAGS.show_steps_html} ({len(frames)} frames)")
     if FLAGS.show_steps_gif:
       display.write_gif(FLAGS.show_steps_gif, frames, delay=max(FLAGS.show_steps_delay, 0.02))
-      print(f"wrote {FLAGS.show_steps_gif} ({len(frames)} frames)")
+      say(f"wrote {FLAGS.show_steps_gif} ({len(frames)} frames)")
   return 0
 
 
