@@ -13,8 +13,6 @@ at the end, the inference checkpoint (model/) that sample.py and scripts/eval_su
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import sys
 
@@ -147,7 +145,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   # --- Loop ---------------------------------------------------------------------------------------
   tokens_per_example = c.data.prompt_len + config.canvas_length
   logger = metrics_lib.MetricsLogger(os.path.join(workdir, "tb") if lead else None,
-                                     c.num_train_steps, tokens_per_example, c.batch_size)
+                                     c.num_train_steps, tokens_per_example, c.batch_size, echo=lead)
   last_scalars: dict = {}
   pending = None  # (step, device metrics) read one step late, so the host never stalls the device
 
@@ -159,8 +157,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
                           f"{last_saved} in {ckpt.directory}")
     logger.add(step, host)
     if step % c.log_every == 0 or step == c.num_train_steps:
-      with contextlib.nullcontext() if lead else contextlib.redirect_stdout(io.StringIO()):
-        last_scalars = logger.flush(step, {"learning_rate": float(lr_schedule(step - 1))})
+      last_scalars = logger.flush(step, {"learning_rate": float(lr_schedule(step - 1))})
 
   say(f"Training {sum(x.size for x in jax.tree.leaves(state.trainable)):,} parameters "
       f"({'LoRA rank %d' % c.lora_rank if c.lora_rank else 'full'}) for {c.num_train_steps} steps on "

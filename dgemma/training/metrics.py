@@ -18,7 +18,9 @@ def bin_tags(num_bins: int) -> list[str]:
 
 
 class MetricsLogger:
-  def __init__(self, logdir: str | None, total_steps: int, tokens_per_example: int, batch_size: int):
+  def __init__(self, logdir: str | None, total_steps: int, tokens_per_example: int, batch_size: int,
+               echo: bool = True):
+    self.echo = echo  # print the progress line (only process 0 does in multi-process runs)
     self.writer = SummaryWriter(logdir) if logdir else None
     self.total_steps = total_steps
     self.tokens_per_example = tokens_per_example
@@ -70,7 +72,8 @@ class MetricsLogger:
       if key in scalars:
         parts.append(f"{label} {scalars[key]:.4f}")
     parts += [f"{examples_per_s:.1f} ex/s", f"ETA {_duration(eta)}"]
-    print(" | ".join(parts), flush=True)
+    if self.echo:
+      print(" | ".join(parts), flush=True)
     self._reset(now, None)
     return scalars
 
