@@ -13,6 +13,7 @@ from typing import Any
 
 LOCAL = "local"  # sliding-window attention layer
 GLOBAL = "global"  # full attention layer
+MOE_IMPLS = ("xla", "dense", "pallas")  # see ModelConfig.moe_impl
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +48,7 @@ class ModelConfig:
   bos_id: int = 2
   stop_ids: tuple[int, ...] = (1, 106, 50)
   attention_impl: str = "xla"  # "xla" or "pallas"
-  moe_impl: str = "xla"  # "xla" (lax.ragged_dot) or "pallas"
+  moe_impl: str = "xla"  # "xla" (lax.ragged_dot), "dense" (every expert, for CPU sampling) or "pallas"
   remat: bool = False  # gradient checkpointing of every block
   # > 0: a learned absolute position embedding for this many positions is added to the token embedding.
   # Not part of Gemma (0 there); it helps small models trained from scratch on grid tasks such as Sudoku.
@@ -70,8 +71,8 @@ class ModelConfig:
       raise ValueError(f"top_k_experts={self.top_k_experts} must be in [1, num_experts={self.num_experts}]")
     if self.attention_impl not in ("xla", "pallas"):
       raise ValueError(f"attention_impl must be 'xla' or 'pallas', got {self.attention_impl!r}")
-    if self.moe_impl not in ("xla", "pallas"):
-      raise ValueError(f"moe_impl must be 'xla' or 'pallas', got {self.moe_impl!r}")
+    if self.moe_impl not in MOE_IMPLS:
+      raise ValueError(f"moe_impl must be 'xla', 'dense' or 'pallas', got {self.moe_impl!r}")
     if self.param_dtype not in ("float32", "bfloat16", "float16"):
       raise ValueError(f"param_dtype must be float32, bfloat16 or float16, got {self.param_dtype!r}")
     if not self.query_scale > 0:

@@ -85,6 +85,12 @@ class GeGLU(nn.Module):
     return h @ down
 
 
+def geglu_fused(gate_up: Array) -> Array:
+  """gelu_tanh(gate) ⊙ up for the experts' fused [gate | up] projection."""
+  gate, up = jnp.split(gate_up, 2, axis=-1)
+  return gelu_tanh(gate) * up
+
+
 def route(x_TxD: Array, router_w_DxE: Array, router_scale_D: Array, per_expert_scale_E: Array,
           top_k: int, eps: float) -> tuple[Array, Array]:
   """Router on the un-normalised residual: softmax (fp32), top-k, renormalise, per-expert scale."""
@@ -111,14 +117,28 @@ def experts_sorted(x_TxD: Array, weights_TxK: Array, experts_TxK: Array, gate_up
   token_of = order // k
   group_sizes = jnp.bincount(flat_expert, length=num_experts).astype(jnp.int32)
   xs = x_TxD[token_of]
-  h = grouped_matmul(xs, gate_up_ExDx2F, group_sizes)
-  gate, up = jnp.split(h, 2, axis=-1)
-  y = grouped_matmul(gelu_tanh(gate) * up, down_ExFxD, group_sizes)
+  h = geglu_fused(grouped_matmul(xs, gate_up_ExDx2F, group_sizes))
+  y = grouped_matmul(h, down_ExFxD, group_sizes)
   y = y * weights_TxK.reshape(-1)[order][:, None].astype(y.dtype)
   return jnp.zeros_like(x_TxD).at[token_of].add(y)
 
 
 experts_ragged_dot = experts_sorted  # the XLA path: lax.ragged_dot as the grouped matmul
+
+
+def experts_dense(x_TxD: Array, weights_TxK: Array, experts_TxK: Array, gate_up_ExDx2F: Array,
+                  down_ExFxD: Array) -> Array:
+  """The same function as `experts_sorted`, with every token through every expert (weight 0 where not chosen).
+
+  E/k times the FLOPs, but plain matmuls only: on CPU, with the few tokens of a denoising step, that is cheaper
+  than ragged_dot's sort and per-group dispatch (T=64, D=256, 8 experts: ~0.85 vs ~1.6 ms). The routing
+  weight scales the hidden activations before the down projection (linear, so equal up to rounding).
+  """
+  num_experts = gate_up_ExDx2F.shape[0]
+  one_hot = jax.nn.one_hot(experts_TxK, num_experts, dtype=weights_TxK.dtype)
+  combine_TxE = jnp.einsum("tk,tke->te", weights_TxK, one_hot).astype(x_TxD.dtype)
+  h_TxExF = geglu_fused(jnp.einsum("td,edf->tef", x_TxD, gate_up_ExDx2F)) * combine_TxE[:, :, None]
+  return jnp.einsum("tef,efd->td", h_TxExF, down_ExFxD)
 
 
 class MoE(nn.Module):
@@ -142,6 +162,8 @@ class MoE(nn.Module):
     if cfg.moe_impl == "pallas":
       from pallas_kernels import moe as moe_kernels  # imported lazily: optional GPU path
       y = moe_kernels.moe_experts(x_TxD, weights, experts, gate_up, down)
+    elif cfg.moe_impl == "dense":
+      y = experts_dense(x_TxD, weights, experts, gate_up, down)
     else:
       y = experts_ragged_dot(x_TxD, weights, experts, gate_up, down)
     return y.reshape(shape)
