@@ -19,6 +19,7 @@ import time
 from absl import flags
 
 from dgemma import cli
+from dgemma.config import MOE_IMPLS
 
 FLAGS = flags.FlagValues()  # private: this module can be imported next to other scripts
 _D = dict(flag_values=FLAGS)
@@ -41,6 +42,9 @@ flags.DEFINE_float("confidence_threshold", 0.005, "Mean entropy below which a ca
 flags.DEFINE_integer("canvas_length", 0, "Canvas length (0: the model's).", **_D)
 flags.DEFINE_string("stop_ids", None, "Comma-separated stop token ids (default: the model's).", **_D)
 flags.DEFINE_integer("seed", 0, "Random seed.", **_D)
+flags.DEFINE_enum("moe_impl", None, list(MOE_IMPLS),
+                  "How to compute the MoE experts (default: the checkpoint's choice). 'dense' runs every "
+                  "expert: faster on CPU for models with few experts.", **_D)
 flags.DEFINE_integer("max_cache_len", 32768, "Largest KV cache (prompt + generated tokens) to allow.", **_D)
 flags.DEFINE_bool("show_steps", False, "Show the canvas converging step by step in the terminal.", **_D)
 flags.DEFINE_string("show_steps_html", None, "Also write the step-by-step animation to this HTML file.", **_D)
@@ -212,6 +216,8 @@ def run() -> int:
       raise ValueError("--show_steps_gif needs Pillow (pip install pillow); --show_steps_html needs nothing") \
           from None
   config, params, metadata = _load(FLAGS.ckpt)
+  if FLAGS.moe_impl is not None:  # how the experts are computed, not what: any checkpoint takes any choice
+    config = config.replace(moe_impl=FLAGS.moe_impl)
   task = None
   tokenizer = None
   if sudoku_sampling.task_name(metadata):

@@ -68,6 +68,16 @@ def test_deterministic_given_the_key_and_row_keys_from_one_key(tiny):
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(first.tokens))
 
 
+def test_dense_moe_samples_the_same_tokens(tiny):
+  """moe_impl is chosen through the model config; the dense experts give the same samples as ragged_dot."""
+  config, params = tiny
+  prompt, valid = _batch(3)
+  xla = generate(params, config, prompt, valid, jax.random.key(7), SAMPLER)
+  dense = generate(params, config.replace(moe_impl="dense"), prompt, valid, jax.random.key(7), SAMPLER)
+  for field in ("tokens", "steps_per_canvas", "trajectory"):
+    np.testing.assert_array_equal(np.asarray(getattr(dense, field)), np.asarray(getattr(xla, field)), err_msg=field)
+
+
 def test_step_accounting_and_trajectory(tiny):
   config, params = tiny
   prompt, valid = _batch(2)

@@ -99,6 +99,23 @@ def test_prompt_ids_batch(ckpts, capsys):
   assert "=== prompt 2/2" in out and "2 prompt(s)" in out
 
 
+def test_moe_impl_overrides_the_checkpoint_config(ckpts, capsys, monkeypatch):
+  generate_module = importlib.import_module("dgemma.sampling.generate")  # the package shadows it by a function
+  seen = []
+  real = generate_module.compile_generate
+
+  def spy(params, config, *args, **kwargs):
+    seen.append(config.moe_impl)
+    return real(params, config, *args, **kwargs)
+
+  monkeypatch.setattr(generate_module, "compile_generate", spy)
+  for flag in ([], ["--moe_impl=dense"]):
+    rc, _, err = _run([f"--ckpt={ckpts['bare']}", "--prompt_ids=2,5", "--max_new_tokens=4", "--steps=1", *flag],
+                      capsys)
+    assert rc == 0, err
+  assert seen == ["xla", "dense"]  # the checkpoint's choice, then the flag's
+
+
 @pytest.mark.parametrize("args, message", [
     (["--ckpt={missing}", "--prompt=hi"], "error: checkpoint {missing} does not exist"),
     (["--ckpt={corrupt}", "--prompt=hi"], "error: cannot load checkpoint {corrupt}: "),
@@ -114,6 +131,8 @@ def test_prompt_ids_batch(ckpts, capsys):
     (["--ckpt={bare}", "--prompt_ids=2,99"], "error: prompt_tokens has token ids outside [0, 64)"),
     (["--ckpt={bare}"], "error: give exactly one of --prompt, --prompt_ids or --prompts_file"),
     (["--ckpt={bare}", "--prompt_ids=2", "--steps=abc"], "error: flag --steps=abc"),
+    (["--ckpt={bare}", "--prompt_ids=2", "--moe_impl=ragged"],
+     "error: flag --moe_impl=ragged: value should be one of <xla|dense|pallas>"),
 ])
 def test_bad_input_gives_one_line(ckpts, capsys, tmp_path, args, message):
   names = dict(ckpts, missing=str(tmp_path / "nope"))
