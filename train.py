@@ -26,7 +26,7 @@ from ml_collections import config_flags
 from dgemma import checkpoints, model, sharding
 from dgemma.data import sudoku, sudoku_formats, sudoku_task, sudoku_text
 from dgemma.data.tokenizer import load_tokenizer
-from dgemma.training import checkpointing, metrics as metrics_lib, optimizer, state as state_lib
+from dgemma.training import checkpointing, evaluation, metrics as metrics_lib, optimizer, state as state_lib
 from dgemma.training.config_utils import model_config
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (configs/*.py[:args]).")
@@ -134,6 +134,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   state_shardings = jax.tree.map(lambda x: x.sharding, state)
   train_step = state_lib.make_train_step(config, c.diffusion, tx, c.seed, state_shardings,
                                          sharding.batch_sharding(mesh, rules, c.batch_size))
+  # --- Evaluation (held-out puzzle accuracy every eval.every steps, logged as eval/*) ----------------
+  evaluator = evaluation.make_evaluator(c, config, task_metadata)
   # --- Resume -------------------------------------------------------------------------------------
   ckpt = checkpointing.Checkpointer(workdir, keep=c.keep_checkpoints)
   start = ckpt.latest_step() or 0
@@ -159,6 +161,14 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
     if step % c.log_every == 0 or step == c.num_train_steps:
       last_scalars = logger.flush(step, {"learning_rate": float(lr_schedule(step - 1))})
 
+  def run_eval(step: int) -> None:
+    scores = evaluator(state_lib.model_params(state.trainable, state.frozen, config))
+    logger.write(step, scores)
+    logger.exclude(scores["eval/seconds"])
+    say(f"eval at step {step}: {scores['eval/accuracy']:.1%} of puzzles solved, "
+        f"{scores['eval/cell_accuracy']:.1%} of blank cells right, {scores['eval/mean_steps']:.1f} mean steps "
+        f"({scores['eval/seconds']:.0f} s)", flush=True)
+
   say(f"Training {sum(x.size for x in jax.tree.leaves(state.trainable)):,} parameters "
       f"({'LoRA rank %d' % c.lora_rank if c.lora_rank else 'full'}) for {c.num_train_steps} steps on "
       f"{jax.device_count()} device(s), {jax.process_count()} process(es), mesh "
@@ -179,6 +189,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
         pending = None
         ckpt.save(step + 1, state, data_iter.get_state())
         last_saved = step + 1
+      if evaluator and ((step + 1) % c.eval.every == 0 or step + 1 == c.num_train_steps):
+        run_eval(step + 1)
     if pending is not None:
       consume(*pending)
   finally:

@@ -3,6 +3,7 @@
     python train.py --config=configs/sft_sudoku.py                      # CPU default: small model from scratch
     python train.py --config=configs/sft_sudoku.py:size=debug --workdir=/tmp/dbg        # seconds, for tests
     python train.py --config=configs/sft_sudoku.py:official=true        # official SC 0.5 + AR loss weights
+    python train.py --config=configs/sft_sudoku.py:objective=ar         # autoregressive baseline, same backbone
     python train.py --config=configs/sft_sudoku.py:init=/ckpt/diffusiongemma-26B-A4B-it           # LoRA r8
     python train.py --config=configs/sft_sudoku.py:init=/ckpt/diffusiongemma-26B-A4B-it,lora=0    # full FT
     python train.py --config=configs/sft_sudoku.py:model=gemma3_270m    # pretrained Gemma 3 270M, diffusionized
@@ -32,11 +33,16 @@ SIZES = {  # width, layers, heads, batch, steps
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  args = parse_arg(arg, size="small", official=False, init="", lora=8, model="")
+  args = parse_arg(arg, size="small", official=False, init="", lora=8, model="", positions="cells",
+                   objective="diffusion")
   if args.size not in SIZES:
     raise ValueError(f"unknown size {args.size!r}; choose from {sorted(SIZES)}")
   if args.model not in ("", "gemma3_270m"):
     raise ValueError(f"unknown model {args.model!r}; choose 'gemma3_270m' or leave it out")
+  if args.objective not in ("diffusion", "ar"):
+    raise ValueError(f"unknown objective {args.objective!r}; choose 'diffusion' or 'ar'")
+  if args.positions not in ("cells", "absolute"):
+    raise ValueError(f"unknown positions {args.positions!r}; choose 'cells' or 'absolute'")
   width, layers, heads, batch, steps = SIZES[args.size]
   c = ml_collections.ConfigDict()
   c.seed = 42
@@ -51,8 +57,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(
       vocab_size=sudoku_task.DIGIT_VOCAB_SIZE, width=width, num_layers=layers, num_heads=heads,
       canvas_length=81, stop_ids=(sudoku_task.EOS_ID,), remat=False,
-      # Cell identity (row/column/box) is easiest to learn from absolute positions; Gemma itself has none.
-      learned_positions=sudoku_task.PROMPT_CONTENT_LEN + 81))
+      # Small models from scratch need to know which cell a token is; Gemma itself has no learned positions.
+      # "cells": segment + row + column + box embeddings (sudoku_task.cell_position_features), shared by a
+      # clue and its canvas cell; "absolute": one learned vector per position.
+      **(dict(learned_positions=sudoku_task.CELL_POSITION_ROWS,
+              position_features=sudoku_task.cell_position_features()) if args.positions == "cells"
+         else dict(learned_positions=sudoku_task.PROMPT_CONTENT_LEN + 81))))
 
   c.data = ml_collections.ConfigDict(dict(
       task="sudoku_digits", prompt_len=sudoku_task.PROMPT_CONTENT_LEN,
@@ -66,7 +76,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       schedule="linear", t_eps=1e-4, loss="flat_ce", num_noise_bins=10, diffusion_loss_weight=1.0,
       # The official recipe uses self_cond_prob=0.5 and ar_loss_weight=1.0. On a 2-core CPU both cost more
       # than they bring (3.0x fewer examples/s together, measured); `official=true` restores them.
-      self_cond_prob=0.5 if official else 0.0, ar_loss_weight=1.0 if official else 0.0))
+      self_cond_prob=0.5 if official else 0.0, ar_loss_weight=1.0 if official else 0.0,
+      ar_targets="all"))  # "canvas": the AR loss only on the canvas (the prompt is given, never predicted)
+  if args.objective == "ar":  # the autoregressive baseline: same backbone and data, causal, left to right
+    c.diffusion.update(dict(diffusion_loss_weight=0.0, ar_loss_weight=1.0, ar_targets="canvas",
+                            self_cond_prob=0.0))
+
+  # Puzzle accuracy on held-out generated puzzles (a seed never used for training) every `every` steps,
+  # logged as eval/* next to the losses; 0 turns it off.
+  c.eval = ml_collections.ConfigDict(dict(every=0 if args.size == "debug" else 300, num_puzzles=128,
+                                          seed=777, max_steps=48))
 
   c.optimizer = ml_collections.ConfigDict(dict(
       name="adam", learning_rate=1e-3, end_learning_rate=1e-4, warmup_steps=100 if steps > 100 else 1,
@@ -80,6 +99,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
   c.sharding_rules = sharding.DEFAULT_RULES  # e.g. (("batch", ("data", "fsdp", "expert")), ("embed", "fsdp"), ...)
 
+  if args.model or args.init:
+    c.eval.every = 0  # text-format models: evaluate the saved model with scripts/eval_sudoku.py
   if args.model == "gemma3_270m":  # pretrained AR Gemma 3, diffusionized on load; official text format
     from dgemma.checkpoints.gguf import packaged_gemma3_270m
     debug = args.size == "debug"

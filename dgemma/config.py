@@ -53,6 +53,10 @@ class ModelConfig:
   # > 0: a learned absolute position embedding for this many positions is added to the token embedding.
   # Not part of Gemma (0 there); it helps small models trained from scratch on grid tasks such as Sudoku.
   learned_positions: int = 0
+  # Optional structure for that table: per absolute position, the rows of the table whose sum is its
+  # embedding (e.g. Sudoku: segment + row + column + box, so a prompt cell and its canvas cell share rows).
+  # Empty: position p uses row p. Positions past the end use the last entry.
+  position_features: tuple[tuple[int, ...], ...] = ()
   # Switches for Gemma 3 backbones (imported from GGUF, dgemma/checkpoints/gguf.py); the defaults are Gemma 4's.
   # Gemma 3 scales queries by query_pre_attn_scalar**-0.5 where Gemma 4 uses 1.0, and has no V-norm.
   query_scale: float = 1.0
@@ -75,6 +79,13 @@ class ModelConfig:
       raise ValueError(f"moe_impl must be 'xla', 'dense' or 'pallas', got {self.moe_impl!r}")
     if self.param_dtype not in ("float32", "bfloat16", "float16"):
       raise ValueError(f"param_dtype must be float32, bfloat16 or float16, got {self.param_dtype!r}")
+    object.__setattr__(self, "position_features", tuple(tuple(int(i) for i in f) for f in self.position_features))
+    if self.position_features:
+      ids = [i for f in self.position_features for i in f]
+      if len({len(f) for f in self.position_features}) != 1:
+        raise ValueError("position_features must give every position the same number of features")
+      if not self.learned_positions or min(ids) < 0 or max(ids) >= self.learned_positions:
+        raise ValueError(f"position_features ids must lie in [0, learned_positions={self.learned_positions})")
     if not self.query_scale > 0:
       raise ValueError(f"query_scale must be > 0, got {self.query_scale!r}")
 

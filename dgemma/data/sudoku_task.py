@@ -42,6 +42,8 @@ __all__ = [
     "decode_batch",
     "score",
     "make_train_dataset",
+    "CELL_POSITION_ROWS",
+    "cell_position_features",
 ]
 
 PAD_ID = 0
@@ -50,6 +52,28 @@ BOS_ID = 2
 DIGIT_OFFSET = 3  # digit d (0 = blank) has token id DIGIT_OFFSET + d
 DIGIT_VOCAB_SIZE = 13
 PROMPT_CONTENT_LEN = 1 + sudoku.NUM_CELLS  # BOS + 81 puzzle cells
+
+
+# Cell positions (ModelConfig.position_features): every position's embedding is the sum of four rows of a
+# learned table: segment (BOS / prompt / canvas) + row + column + box of its cell. A clue and the canvas
+# cell it fixes share three rows, and so do cells under one constraint, which attention then finds at once.
+_SEGMENT_BOS, _SEGMENT_PROMPT, _SEGMENT_CANVAS, _NO_CELL = 0, 1, 2, 30
+_ROW, _COL, _BOX = 3, 12, 21
+CELL_POSITION_ROWS = 31
+
+
+def cell_position_features(prompt_len: int = PROMPT_CONTENT_LEN, canvas_len: int = sudoku.NUM_CELLS
+                           ) -> tuple[tuple[int, int, int, int], ...]:
+    """(segment, row, column, box) table rows for positions 0..prompt_len+canvas_len-1 of one example."""
+    def cell(segment: int, i: int) -> tuple[int, int, int, int]:
+        if i >= sudoku.NUM_CELLS:  # prompt padding / canvas EOS fill
+            return (segment, _NO_CELL, _NO_CELL, _NO_CELL)
+        r, c = divmod(i, 9)
+        return (segment, _ROW + r, _COL + c, _BOX + 3 * (r // 3) + c // 3)
+
+    bos = (_SEGMENT_BOS, _NO_CELL, _NO_CELL, _NO_CELL)
+    return ((bos,) + tuple(cell(_SEGMENT_PROMPT, i) for i in range(prompt_len - 1))
+            + tuple(cell(_SEGMENT_CANVAS, i) for i in range(canvas_len)))
 
 
 def digit_to_id(digits: Any) -> Any:

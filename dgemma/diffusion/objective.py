@@ -57,6 +57,21 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
   enc_len = full.shape[1] if want_ar else full.shape[1] - c
   enc_logits, cache = model.apply({"params": params}, full[:, :enc_len], init_cache(config, b, enc_len),
                                   valid[:, :enc_len], want_ar, method=DiffusionGemma.encode)
+  metrics, total = {}, 0.0
+  if want_ar:
+    ar_mask = valid[:, :-1] & valid[:, 1:]
+    if cfg.get("ar_targets", "all") == "canvas":  # an AR baseline that is given the prompt, as the denoiser is
+      ar_mask = ar_mask & (jnp.arange(full.shape[1] - 1) >= p - 1)[None, :]
+    elif cfg.get("ar_targets", "all") != "all":
+      raise ValueError(f"unknown ar_targets {cfg.ar_targets!r}; choose 'all' or 'canvas'")
+    ar_B = losses.masked_mean(losses.token_cross_entropy(enc_logits[:, :-1], full[:, 1:]), ar_mask)
+    metrics["ar_loss"] = jnp.mean(ar_B)
+    total = cfg.ar_loss_weight * metrics["ar_loss"]
+  if cfg.diffusion_loss_weight == 0:  # a purely autoregressive run: the denoiser is never called
+    if not want_ar:
+      raise ValueError("diffusion_loss_weight and ar_loss_weight are both 0: nothing to train")
+    metrics["loss"] = total
+    return total, metrics
 
   # 3. Denoiser on canvas s, seeing the prompt and the clean canvases before s.
   cache = cache.with_end(p + s * c)
@@ -79,14 +94,9 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
     raise ValueError(f"unknown diffusion loss {cfg.loss!r}; choose 'flat_ce' or 'elbo'")
   diffusion_B = losses.masked_mean(per_token, mask_s)
   correct = (jnp.argmax(logits, -1) == x0_s).astype(jnp.float32)
-  metrics = {"diffusion_loss": jnp.mean(diffusion_B),
-             "diffusion_accuracy": jnp.mean(losses.masked_mean(correct, mask_s))}
-  total = cfg.diffusion_loss_weight * metrics["diffusion_loss"]
-  if want_ar:
-    ar_mask = valid[:, :-1] & valid[:, 1:]
-    ar_B = losses.masked_mean(losses.token_cross_entropy(enc_logits[:, :-1], full[:, 1:]), ar_mask)
-    metrics["ar_loss"] = jnp.mean(ar_B)
-    total = total + cfg.ar_loss_weight * metrics["ar_loss"]
+  metrics["diffusion_loss"] = jnp.mean(diffusion_B)
+  metrics["diffusion_accuracy"] = jnp.mean(losses.masked_mean(correct, mask_s))
+  total = total + cfg.diffusion_loss_weight * metrics["diffusion_loss"]
   metrics["loss"] = total
   metrics["loss_by_t_sum"], metrics["loss_by_t_count"] = losses.noise_bin_stats(diffusion_B, t, cfg.num_noise_bins)
   return total, metrics

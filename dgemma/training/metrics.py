@@ -77,6 +77,10 @@ class MetricsLogger:
     self._reset(now, None)
     return scalars
 
+  def exclude(self, seconds: float) -> None:
+    """Leaves `seconds` of other work (an evaluation) out of the window's examples/s."""
+    self._window_start += seconds
+
   def write(self, step: int, scalars: dict) -> None:
     if self.writer:
       for k, v in scalars.items():

@@ -99,3 +99,27 @@ def test_gradients_flow_to_every_trained_weight():
   zero = [jax.tree_util.keystr(path) for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]
           if float(jnp.abs(g).max()) == 0.0]
   assert not zero, zero
+
+
+def test_autoregressive_baseline_loss_is_the_canvas_next_token_ce():
+  """diffusion weight 0 + ar_targets='canvas': the loss is the causal CE of the canvas tokens only, recomputed
+  from one encode pass; no diffusion metrics (the denoiser is not run)."""
+  params = model.init_params(CONFIG, jax.random.key(3))
+  rng = np.random.default_rng(3)
+  batch = {"prompt": jnp.asarray(rng.integers(3, 64, (2, 5)), jnp.int32),
+           "canvas": jnp.asarray(rng.integers(3, 64, (2, 8)), jnp.int32),
+           "canvas_mask": jnp.asarray([[1] * 8, [1] * 5 + [0] * 3], bool)}
+  cfg = _cfg(diffusion_loss_weight=0.0, ar_targets="canvas")
+  loss, metrics = objective.loss_fn(params, CONFIG, cfg, batch, jax.random.key(0))
+  assert "diffusion_loss" not in metrics and "loss_by_t_sum" not in metrics
+  expected = []
+  for b in range(2):
+    full = jnp.concatenate([batch["prompt"], batch["canvas"]], 1)[b:b + 1]
+    logits, _ = model.encode(params, CONFIG, full, model.init_cache(CONFIG, 1, 13))
+    n = int(batch["canvas_mask"][b].sum())
+    # Position 4 (last prompt token) predicts canvas token 0, ..., position 4+n-1 predicts canvas token n-1.
+    ce = losses.token_cross_entropy(logits[:, 4:4 + n], full[:, 5:5 + n])
+    expected.append(float(jnp.mean(ce)))
+  np.testing.assert_allclose(float(loss), np.mean(expected), rtol=1e-5)
+  with np.testing.assert_raises_regex(ValueError, "nothing to train"):
+    objective.loss_fn(params, CONFIG, _cfg(diffusion_loss_weight=0.0, ar_loss_weight=0.0), batch, jax.random.key(0))

@@ -85,3 +85,21 @@ def test_learned_positions_keep_append_equal_to_single_pass():
   # The embedding is really used: shifting the cache offset changes the canvas logits.
   shifted = model.denoise(params, config, canvas, cache_a.replace(end=cache_a.end + 3))
   assert float(jnp.abs(shifted - model.denoise(params, config, canvas, cache_a)).max()) > 1e-4
+
+
+def test_position_features_share_table_rows():
+  """position_features: a position's embedding is the sum of its rows, so two positions with the same features
+  embed identically (the Sudoku layout: a clue and its canvas cell differ only in the segment row)."""
+  features = ((0, 3), (1, 4), (2, 3), (1, 4), (2, 5))  # positions 1 and 3 share both rows
+  config = CONFIG.replace(learned_positions=6, position_features=features)
+  params = model.init_params(config, jax.random.key(6))
+  table = params["embedder"]["positions"]
+  tokens = jnp.full((1, 5), 9, jnp.int32)
+  from dgemma.model.layers import Embedder
+  x = Embedder(config).apply({"params": params["embedder"]}, tokens, jnp.arange(5)[None], method=Embedder.encode)
+  base = Embedder(config.replace(learned_positions=0, position_features=())).apply(
+      {"params": {"embedding": params["embedder"]["embedding"]}}, tokens, jnp.arange(5)[None], method=Embedder.encode)
+  np.testing.assert_allclose(x - base, jnp.stack([table[jnp.asarray(f)].sum(0) for f in features])[None], atol=1e-6)
+  np.testing.assert_array_equal(x[0, 1], x[0, 3])
+  with pytest.raises(ValueError, match="position_features ids"):
+    CONFIG.replace(learned_positions=4, position_features=features)

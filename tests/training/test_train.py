@@ -118,3 +118,24 @@ def test_official_text_format_from_an_hf_checkpoint(tmp_path):
   assert np.isfinite(out["loss"]) and out["ar_loss"] > 0  # the official recipe's AR loss is on
   config, params, meta = load_model(str(tmp_path / "run" / "model"))
   assert meta["task"]["name"] == "sudoku_text" and config.canvas_length == 168
+
+
+def test_evaluation_during_training_is_logged_and_matches_the_saved_model(tmp_path):
+  """eval/* scalars land in TensorBoard at every eval.every steps; the last one equals solving the same held-out
+  puzzles with the saved model (recomputed here through the public solver)."""
+  from dgemma.data import sudoku, sudoku_task
+  from dgemma.sampling import SamplerConfig
+  from dgemma.sampling import sudoku as sudoku_solver
+  c = debug_config(tmp_path, **{"eval.every": 3, "eval.num_puzzles": 4, "eval.max_steps": 6})
+  train.train(c, str(tmp_path / "run"))
+  scalars = metrics.read_scalars(str(tmp_path / "run" / "tb"))
+  assert [s for s, _ in scalars["eval/cell_accuracy"]] == [3, 6]
+  config, params, metadata = load_model(str(tmp_path / "run" / "model"))
+  data = sudoku.generate_dataset(4, c.eval.seed, c.data.min_clues, c.data.max_clues)
+  result = sudoku_solver.solve(params, sudoku_solver.load_task(config, metadata), np.asarray(data["puzzle"]),
+                               jax.random.key(c.eval.seed), SamplerConfig(max_denoising_steps=6))
+  expected = sudoku_task.score(np.asarray(data["puzzle"]), np.asarray(data["solution"]), result.predictions)
+  assert scalars["eval/cell_accuracy"][-1][1] == pytest.approx(expected["cell_accuracy"])
+  assert scalars["eval/mean_steps"][-1][1] == pytest.approx(float(np.mean(result.steps)))
+  with pytest.raises(ValueError, match="eval.seed"):
+    train.train(debug_config(tmp_path, **{"eval.every": 3, "eval.seed": c.data.seed}), str(tmp_path / "bad"))

@@ -1,0 +1,52 @@
+"""Puzzle accuracy during training: a fixed set of held-out Sudoku puzzles solved every `eval.every` steps,
+logged as `eval/*` scalars next to the losses (TensorBoard), so a run's accuracy curve comes from its own logs.
+
+The puzzles are generated from `eval.seed`, which must differ from the training data's seed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import jax
+import ml_collections
+import numpy as np
+
+from dgemma.config import ModelConfig
+from dgemma.data import sudoku, sudoku_task
+from dgemma.sampling import SamplerConfig
+from dgemma.sampling import sudoku as sudoku_solver
+
+Evaluator = Callable[[dict], dict[str, float]]
+
+
+def make_evaluator(c: ml_collections.ConfigDict, config: ModelConfig, task_metadata: dict) -> Evaluator | None:
+  """params -> {"eval/accuracy", "eval/cell_accuracy", "eval/mean_steps", "eval/seconds"}; None when
+  `eval.every` is 0 or the config has no `eval` section."""
+  e = c.get("eval")
+  if e is None or not e.every:
+    return None
+  if e.seed == c.data.seed and not c.data.csv:
+    raise ValueError(f"eval.seed={e.seed} equals data.seed: the evaluation puzzles would be training puzzles")
+  if jax.process_count() > 1:
+    raise ValueError("evaluation during training runs in single-process runs only; set --config.eval.every=0 "
+                     "and use scripts/eval_sudoku.py on the saved model")
+  task = sudoku_solver.load_task(config, task_metadata)
+  data = sudoku.generate_dataset(e.num_puzzles, e.seed, c.data.min_clues, c.data.max_clues)
+  puzzles, solutions = np.asarray(data["puzzle"]), np.asarray(data["solution"])
+  autoregressive = c.diffusion.diffusion_loss_weight == 0  # a model trained only causally is decoded causally
+  sampler = SamplerConfig(max_denoising_steps=e.max_steps)
+
+  def evaluate(params: dict) -> dict[str, float]:
+    start = time.perf_counter()
+    rng = jax.random.key(e.seed)
+    if autoregressive:
+      result = sudoku_solver.solve_autoregressive(params, task, puzzles, rng)
+    else:
+      result = sudoku_solver.solve(params, task, puzzles, rng, sampler)
+    scores = sudoku_task.score(puzzles, solutions, result.predictions)
+    return {"eval/accuracy": scores["accuracy"], "eval/cell_accuracy": scores["cell_accuracy"],
+            "eval/mean_steps": float(np.mean(result.steps)), "eval/seconds": time.perf_counter() - start}
+
+  return evaluate
