@@ -184,7 +184,11 @@ class Embedder(nn.Module):
 
   def encode(self, tokens_BxT: Int[Array, "B T"], positions_BxT: Int[Array, "B T"]) -> Array:
     x = jnp.take(self.embedding, tokens_BxT, axis=0) * self.scale()
-    if self.config.learned_positions:
+    if self.config.position_features:
+      ids_LxF = jnp.asarray(self.config.position_features, jnp.int32)
+      features_BxTxF = jnp.take(ids_LxF, positions_BxT, axis=0, mode="clip")
+      x = x + jnp.sum(jnp.take(self.positions, features_BxTxF, axis=0), axis=-2)
+    elif self.config.learned_positions:
       x = x + jnp.take(self.positions, positions_BxT, axis=0, mode="clip")
     return x
 
