@@ -1,9 +1,10 @@
-"""PNG plots of a Sudoku run: the diffusion loss per noise level over training (from TensorBoard), and puzzle
-accuracy against the number of denoising steps (evaluated now, with scripts/eval_sudoku.py).
+"""PNG plots of a Sudoku run: the diffusion loss per noise level and the held-out puzzle accuracy over training
+(both from the run's TensorBoard logs; --compare adds other runs, e.g. the AR baseline, to the accuracy plot),
+and puzzle accuracy against the number of denoising steps (evaluated now, with scripts/eval_sudoku.py).
 
     pip install -e '.[plots]'
-    python scripts/plot_sudoku.py --workdir=workdirs/sft_sudoku --data=data/sudoku_eval_1000.npz \
-        --steps=1,2,4,8,12,24,48 --limit=256 --out_dir=assets/plots
+    python scripts/plot_sudoku.py --workdir=workdirs/sft_sudoku --compare="AR baseline=workdirs/sft_sudoku_ar" \
+        --data=data/sudoku_eval_1000.npz --steps=1,2,4,8,12,24,48 --limit=256 --out_dir=assets/plots
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ _DATA = flags.DEFINE_string("data", "", "Held-out puzzles for the accuracy-vs-st
 _STEPS = flags.DEFINE_list("steps", ["1", "2", "4", "8", "12", "24", "48"], "Max denoising steps to evaluate.")
 _LIMIT = flags.DEFINE_integer("limit", 256, "Puzzles per evaluation.")
 _OUT_DIR = flags.DEFINE_string("out_dir", "assets/plots", "Where the PNGs go.")
+_COMPARE = flags.DEFINE_list("compare", [], "Other runs for the accuracy-over-training plot: LABEL=WORKDIR,...")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,6 +46,26 @@ def plot_loss_by_noise_level(workdir: str, path: str) -> None:
   ax.set_ylabel("diffusion loss (flat CE)")
   ax.set_title("Diffusion loss per noise level")
   ax.legend(fontsize=7, ncol=2)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  print(f"wrote {path}")
+
+
+def plot_accuracy_during_training(runs: list[tuple[str, str]], path: str) -> None:
+  """eval/accuracy (solid) and eval/cell_accuracy (dashed) against the training step, one colour per run."""
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for i, (label, workdir) in enumerate(runs):
+    scalars = metrics.read_scalars(os.path.join(workdir, "tb"))
+    if "eval/accuracy" not in scalars:
+      raise ValueError(f"{workdir}/tb has no eval/accuracy scalars (train with eval.every > 0)")
+    for tag, style, what in (("eval/accuracy", "o-", "puzzles solved"), ("eval/cell_accuracy", "s--", "blank cells")):
+      steps, values = zip(*sorted(scalars[tag]))
+      ax.plot(steps, values, style, color=f"C{i}", label=f"{label}: {what}")
+  ax.set_xlabel("training step")
+  ax.set_ylabel("accuracy on held-out puzzles")
+  ax.set_ylim(0, 1)
+  ax.set_title("Held-out accuracy during training")
+  ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   print(f"wrote {path}")
@@ -80,6 +102,12 @@ def main(argv):
   del argv
   os.makedirs(_OUT_DIR.value, exist_ok=True)
   plot_loss_by_noise_level(_WORKDIR.value, os.path.join(_OUT_DIR.value, "loss_by_noise_level.png"))
+  runs = [("diffusion", _WORKDIR.value)]
+  for item in _COMPARE.value:
+    if "=" not in item:
+      raise app.UsageError(f"--compare expects LABEL=WORKDIR, got {item!r}")
+    runs.append(tuple(item.split("=", 1)))
+  plot_accuracy_during_training(runs, os.path.join(_OUT_DIR.value, "accuracy_during_training.png"))
   if _DATA.value:
     plot_accuracy_vs_steps(_WORKDIR.value, _DATA.value, [int(s) for s in _STEPS.value], _LIMIT.value, _OUT_DIR.value)
 

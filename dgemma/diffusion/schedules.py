@@ -22,7 +22,13 @@ def cosine(t):
   return jnp.cos(0.5 * jnp.pi * t)
 
 
-SCHEDULES: dict[str, Callable] = {"linear": linear, "cosine": cosine}
+def sine(t):
+  """alpha = 1 - sin(pi t / 2): corrupts fast at low t, so more of training sees heavy noise (e.g. half the
+  draws have over 70% of tokens replaced), where a canvas must be reasoned out from the prompt."""
+  return 1.0 - jnp.sin(0.5 * jnp.pi * t)
+
+
+SCHEDULES: dict[str, Callable] = {"linear": linear, "cosine": cosine, "sine": sine}
 
 
 def get(name: str) -> Callable:
