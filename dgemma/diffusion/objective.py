@@ -60,10 +60,11 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
   metrics, total = {}, 0.0
   if want_ar:
     ar_mask = valid[:, :-1] & valid[:, 1:]
-    if cfg.get("ar_targets", "all") == "canvas":  # an AR baseline that is given the prompt, as the denoiser is
+    targets = cfg.get("ar_targets", "all")
+    if targets == "canvas":  # an AR baseline is given the prompt, as the denoiser is: no loss on predicting it
       ar_mask = ar_mask & (jnp.arange(full.shape[1] - 1) >= p - 1)[None, :]
-    elif cfg.get("ar_targets", "all") != "all":
-      raise ValueError(f"unknown ar_targets {cfg.ar_targets!r}; choose 'all' or 'canvas'")
+    elif targets != "all":
+      raise ValueError(f"unknown ar_targets {targets!r}; choose 'all' or 'canvas'")
     ar_B = losses.masked_mean(losses.token_cross_entropy(enc_logits[:, :-1], full[:, 1:]), ar_mask)
     metrics["ar_loss"] = jnp.mean(ar_B)
     total = cfg.ar_loss_weight * metrics["ar_loss"]
