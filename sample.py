@@ -12,6 +12,7 @@ has a flag; the defaults are the released model's.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -41,6 +42,8 @@ flags.DEFINE_integer("stability_threshold", 1, "Previous argmax canvases that mu
 flags.DEFINE_float("confidence_threshold", 0.005, "Mean entropy below which a canvas is confident.", **_D)
 flags.DEFINE_integer("canvas_length", 0, "Canvas length (0: the model's).", **_D)
 flags.DEFINE_string("stop_ids", None, "Comma-separated stop token ids (default: the model's).", **_D)
+flags.DEFINE_enum("self_conditioning", "auto", ["auto", "on", "off"],
+                  "Feed each step the previous logits (auto: unless the checkpoint was trained without).", **_D)
 flags.DEFINE_integer("seed", 0, "Random seed.", **_D)
 flags.DEFINE_enum("moe_impl", None, list(MOE_IMPLS),
                   "How to compute the MoE experts (default: the checkpoint's choice). 'dense' runs every "
@@ -198,7 +201,7 @@ def run() -> int:
   from dgemma.data import sudoku
   from dgemma.sampling import display
   from dgemma.sampling import sudoku as sudoku_sampling
-  from dgemma.sampling.generate import compile_generate
+  from dgemma.sampling.generate import compile_generate, self_conditioning_default
 
   from dgemma import sharding
 
@@ -216,6 +219,8 @@ def run() -> int:
       raise ValueError("--show_steps_gif needs Pillow (pip install pillow); --show_steps_html needs nothing") \
           from None
   config, params, metadata = _load(FLAGS.ckpt)
+  sampler = dataclasses.replace(sampler, self_conditioning=FLAGS.self_conditioning == "on" or (
+      FLAGS.self_conditioning == "auto" and self_conditioning_default(metadata)))
   if FLAGS.moe_impl is not None:  # how the experts are computed, not what: any checkpoint takes any choice
     config = config.replace(moe_impl=FLAGS.moe_impl)
   task = None

@@ -23,7 +23,7 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from dgemma import checkpoints, model, sharding
+from dgemma import checkpoints, model, sampling, sharding
 from dgemma.data import sudoku, sudoku_formats, sudoku_task, sudoku_text
 from dgemma.data.tokenizer import load_tokenizer
 from dgemma.training import checkpointing, evaluation, metrics as metrics_lib, optimizer, state as state_lib
@@ -119,9 +119,13 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   # --- Mesh and model -----------------------------------------------------------------------------
   mesh, rules = mesh_and_rules(c)
   shard = sharding.data_shard(mesh, rules, c.batch_size)  # also checks that the mesh divides the batch
-  config, params, _ = build_model(c, mesh, rules)
+  config, params, init_metadata = build_model(c, mesh, rules)
   # --- Data ---------------------------------------------------------------------------------------
   dataset, task_metadata = build_data(c, config, shard)
+  # Whether the self-conditioning branch learned anything (here or in the checkpoint we start from): the
+  # sampler feeds it only then (sampling.self_conditioning_default).
+  task_metadata["self_conditioning"] = bool(c.diffusion.self_cond_prob > 0 or (
+      c.init_from and sampling.self_conditioning_default(init_metadata)))
   data_iter = iter(dataset)
   if lead:
     checkpointing.write_run_info(workdir, config, task_metadata)

@@ -13,6 +13,7 @@ difficulty: clue-count buckets as the official eval (easy >= 40, medium 30-39, h
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -39,6 +40,8 @@ flags.DEFINE_float("t_min", 0.4, "Temperature approached at the last step.", **_
 flags.DEFINE_enum("schedule", "linear", ["linear", "cosine", "constant"], "Temperature schedule.", **_D)
 flags.DEFINE_integer("stability_threshold", 1, "Previous argmax canvases that must match to stop.", **_D)
 flags.DEFINE_float("confidence_threshold", 0.005, "Mean entropy below which a canvas is confident.", **_D)
+flags.DEFINE_enum("self_conditioning", "auto", ["auto", "on", "off"],
+                  "Feed each step the previous logits (auto: on if the checkpoint was trained with it).", **_D)
 flags.DEFINE_float("ar_temperature", 0.0, "Autoregressive baseline temperature (0: greedy).", **_D)
 flags.DEFINE_integer("seed", 0, "Random seed.", **_D)
 flags.DEFINE_string("json_out", None, "Also write the numbers to this JSON file.", **_D)
@@ -162,7 +165,7 @@ def _print(name: str, r: dict) -> None:
 
 
 def run() -> int:
-  from dgemma.sampling import SamplerConfig
+  from dgemma.sampling import SamplerConfig, self_conditioning_default
   from dgemma.sampling import sudoku as sudoku_sampling
 
   if not FLAGS.ckpt or not FLAGS.data:
@@ -172,7 +175,8 @@ def run() -> int:
   sampler = SamplerConfig(
       max_denoising_steps=FLAGS.max_steps, entropy_bound=FLAGS.entropy_bound, t_max=FLAGS.t_max,
       t_min=FLAGS.t_min, schedule=FLAGS.schedule, adaptive_stopping=FLAGS.adaptive_stopping,
-      stability_threshold=FLAGS.stability_threshold, confidence_threshold=FLAGS.confidence_threshold)
+      stability_threshold=FLAGS.stability_threshold, confidence_threshold=FLAGS.confidence_threshold,
+      self_conditioning=FLAGS.self_conditioning == "on")
   if not FLAGS.ar_temperature >= 0:
     raise ValueError(f"--ar_temperature must be >= 0, got {FLAGS.ar_temperature}")
   data = load_data(FLAGS.data, FLAGS.limit)
@@ -184,10 +188,13 @@ def run() -> int:
   except Exception as e:
     raise ValueError(f"cannot load checkpoint {FLAGS.ckpt}: {str(e).splitlines()[0] if str(e) else e!r}") from None
   task = sudoku_sampling.load_task(config, metadata, FLAGS.ckpt)
+  if FLAGS.self_conditioning == "auto":
+    sampler = dataclasses.replace(sampler, self_conditioning=self_conditioning_default(metadata))
 
   settings = {"ckpt": FLAGS.ckpt, "task": task.name, "data": FLAGS.data, "max_steps": FLAGS.max_steps,
               "adaptive_stopping": FLAGS.adaptive_stopping, "t_max": FLAGS.t_max, "t_min": FLAGS.t_min,
-              "schedule": FLAGS.schedule, "entropy_bound": FLAGS.entropy_bound, "seed": FLAGS.seed,
+              "schedule": FLAGS.schedule, "entropy_bound": FLAGS.entropy_bound,
+              "self_conditioning": sampler.self_conditioning, "seed": FLAGS.seed,
               "batch_size": FLAGS.batch_size}
   modes = ["diffusion", "ar"] if FLAGS.mode == "both" else [FLAGS.mode]
   results = {}

@@ -53,6 +53,9 @@ class SamplerConfig:
   canvas_length: int | None = None
   stop_ids: tuple[int, ...] | None = None
   return_trajectory: bool = False  # also return the argmax canvas of every step
+  # False: every step denoises without the previous logits, as the first one does. For models trained
+  # without self-conditioning (self_cond_prob=0), whose self-conditioning layers never learned anything.
+  self_conditioning: bool = True
 
   def __post_init__(self):
     if self.stop_ids is not None:
@@ -82,6 +85,13 @@ class SamplerConfig:
     return math.ceil(self.max_new_tokens / canvas_length)
 
 
+def self_conditioning_default(metadata: dict | None) -> bool:
+  """Whether to self-condition when sampling a checkpoint with this metadata: yes unless its training run
+  recorded that the self-conditioning branch never trained (`"self_conditioning": false`, written by
+  train.py for self_cond_prob=0 from scratch). Released checkpoints carry no such record and use it."""
+  return bool((metadata or {}).get("self_conditioning", True))
+
+
 @flax.struct.dataclass
 class GenerateOutput:
   tokens: Int[Array, "B T"]  # T = num_canvases * C; pad after a row's first stop token and in unrun canvases
@@ -95,7 +105,7 @@ class _StepState:
   step: Int[Array, ""]
   canvas: Int[Array, "B C"]
   argmax: Int[Array, "B C"]
-  sc_logits: Array  # [B, C, V] tempered logits of the previous step, in the embedding dtype
+  sc_logits: Array  # [B, C, V] tempered logits of the previous step, in the embedding dtype ([B, C, 0] when off)
   finished: Bool[Array, "B"]
   history: Int[Array, "S B C"]
   steps: Int[Array, "B"]
@@ -138,8 +148,11 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, row_keys_B: Arr
 
     def body(st: _StepState) -> _StepState:
       steps = st.steps + (~st.finished).astype(jnp.int32)  # counted before the pass, as HF
-      has_sc = jnp.broadcast_to(st.step > 0, (b,))  # the first step has no self-conditioning signal
-      raw = model.apply(variables, st.canvas, cache, st.sc_logits, has_sc, method=DiffusionGemma.denoise)
+      if s.self_conditioning:
+        has_sc = jnp.broadcast_to(st.step > 0, (b,))  # the first step has no self-conditioning signal
+        raw = model.apply(variables, st.canvas, cache, st.sc_logits, has_sc, method=DiffusionGemma.denoise)
+      else:  # every step denoises as the first one does
+        raw = model.apply(variables, st.canvas, cache, method=DiffusionGemma.denoise)
       temp = schedules.temperature(s.schedule, s.t_max, s.t_min, n_steps - st.step, n_steps)
       logits = raw / temp
       step_keys = _per_row(jax.random.fold_in, keys_B, jnp.broadcast_to(st.step, (b,)))
@@ -154,7 +167,7 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, row_keys_B: Arr
       frozen = st.finished[:, None]
       argmax = jnp.where(frozen, st.argmax, stats.argmax)
       canvas = jnp.where(frozen, st.canvas, canvas)
-      sc_logits = logits.astype(sc_dtype)
+      sc_logits = logits.astype(sc_dtype) if s.self_conditioning else st.sc_logits  # (empty placeholder)
       finished, history = st.finished, st.history
       if s.adaptive_stopping:
         stop, history = stopping.stable_and_confident(history, argmax, stats.entropy, s.confidence_threshold)
@@ -167,7 +180,7 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, row_keys_B: Arr
 
     init = _StepState(
         step=jnp.int32(0), canvas=canvas0, argmax=canvas0,
-        sc_logits=jnp.zeros((b, c, vocab), sc_dtype), finished=done_B,
+        sc_logits=jnp.zeros((b, c, vocab if s.self_conditioning else 0), sc_dtype), finished=done_B,
         history=stopping.init_history(s.stability_threshold if s.adaptive_stopping else 0, b, c),
         steps=jnp.zeros((b,), jnp.int32), trajectory=jnp.full((b, traj_steps, c), -1, jnp.int32))
     final = jax.lax.while_loop(cond, body, init)

@@ -153,3 +153,21 @@ def test_bad_inputs(tiny):
     generate(params, config, prompt, valid, key, SAMPLER, max_cache_len=20)
   with pytest.raises(ValueError, match="rng must be one key or 4 keys"):
     generate(params, config, prompt, valid, _keys(1, 2), SAMPLER)
+
+
+def test_without_self_conditioning_the_branch_is_never_read(tiny):
+  """self_conditioning=False: the self-conditioning weights do not matter (every step is a first step); with
+  it on they do. Off also equals a model whose branch is zero after its first (no-signal) step."""
+  config, params = tiny
+  prompt, valid = _batch(0)
+  keys = _keys(1, 2, 3, 4)
+  scrambled = dict(params, self_conditioning=jax.tree.map(
+      lambda x: x * 3.0 + 0.5, params["self_conditioning"]))
+  off = SamplerConfig(max_denoising_steps=STEPS, max_new_tokens=24, t_max=0.03, t_min=0.015,
+                      self_conditioning=False)
+  a = generate(params, config, prompt, valid, keys, off)
+  b = generate(scrambled, config, prompt, valid, keys, off)
+  np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+  np.testing.assert_array_equal(np.asarray(a.steps_per_canvas), np.asarray(b.steps_per_canvas))
+  on = [generate(p, config, prompt, valid, keys, SAMPLER) for p in (params, scrambled)]
+  assert not np.array_equal(np.asarray(on[0].tokens), np.asarray(on[1].tokens))

@@ -153,6 +153,23 @@ def test_eval_script_writes_json(ckpt, tmp_path, capsys):
   assert "block diffusion" in capsys.readouterr().out
 
 
+def test_eval_script_self_conditioning_follows_the_checkpoint(ckpt, tmp_path, capsys):
+  """auto: off for a checkpoint recorded as trained without self-conditioning, on otherwise; a flag overrides."""
+  path, config, params = ckpt
+  evaluator = _script("scripts/eval_sudoku.py")
+  save_model(str(tmp_path / "no_sc"), config, params,
+             {"task": {"name": "sudoku_digits", "prompt_len": 82}, "self_conditioning": False})
+  used = {}
+  for name, ckpt_dir, flag in (("recorded_off", tmp_path / "no_sc", "auto"), ("unrecorded", path / "ckpt", "auto"),
+                               ("forced_on", tmp_path / "no_sc", "on")):
+    out = tmp_path / f"{name}.json"
+    rc = evaluator.main(["eval_sudoku.py", f"--ckpt={ckpt_dir}", f"--data={path / 'puzzles.csv'}", "--max_steps=2",
+                         f"--self_conditioning={flag}", f"--json_out={out}"])
+    assert rc == 0, capsys.readouterr().err
+    used[name] = json.loads(out.read_text())["settings"]["self_conditioning"]
+  assert used == {"recorded_off": False, "unrecorded": True, "forced_on": True}
+
+
 def test_eval_script_errors(ckpt, tmp_path, capsys):
   path, _, _ = ckpt
   evaluator = _script("scripts/eval_sudoku.py")
