@@ -201,7 +201,7 @@ def run() -> int:
   from dgemma.data import sudoku
   from dgemma.sampling import display
   from dgemma.sampling import sudoku as sudoku_sampling
-  from dgemma.sampling.generate import compile_generate, self_conditioning_default
+  from dgemma.sampling.generate import compile_generate, self_conditioning_for
 
   from dgemma import sharding
 
@@ -219,8 +219,7 @@ def run() -> int:
       raise ValueError("--show_steps_gif needs Pillow (pip install pillow); --show_steps_html needs nothing") \
           from None
   config, params, metadata = _load(FLAGS.ckpt)
-  sampler = dataclasses.replace(sampler, self_conditioning=FLAGS.self_conditioning == "on" or (
-      FLAGS.self_conditioning == "auto" and self_conditioning_default(metadata)))
+  sampler = dataclasses.replace(sampler, self_conditioning=self_conditioning_for(metadata, FLAGS.self_conditioning))
   if FLAGS.moe_impl is not None:  # how the experts are computed, not what: any checkpoint takes any choice
     config = config.replace(moe_impl=FLAGS.moe_impl)
   task = None

@@ -123,9 +123,9 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   # --- Data ---------------------------------------------------------------------------------------
   dataset, task_metadata = build_data(c, config, shard)
   # Whether the self-conditioning branch learned anything (here or in the checkpoint we start from): the
-  # sampler feeds it only then (sampling.self_conditioning_default).
+  # sampler feeds it only then (sampling.self_conditioning_for).
   task_metadata["self_conditioning"] = bool(c.diffusion.self_cond_prob > 0 or (
-      c.init_from and sampling.self_conditioning_default(init_metadata)))
+      c.init_from and sampling.self_conditioning_for(init_metadata)))
   data_iter = iter(dataset)
   if lead:
     checkpointing.write_run_info(workdir, config, task_metadata)

@@ -165,7 +165,7 @@ def _print(name: str, r: dict) -> None:
 
 
 def run() -> int:
-  from dgemma.sampling import SamplerConfig, self_conditioning_default
+  from dgemma.sampling import SamplerConfig, self_conditioning_for
   from dgemma.sampling import sudoku as sudoku_sampling
 
   if not FLAGS.ckpt or not FLAGS.data:
@@ -175,8 +175,7 @@ def run() -> int:
   sampler = SamplerConfig(
       max_denoising_steps=FLAGS.max_steps, entropy_bound=FLAGS.entropy_bound, t_max=FLAGS.t_max,
       t_min=FLAGS.t_min, schedule=FLAGS.schedule, adaptive_stopping=FLAGS.adaptive_stopping,
-      stability_threshold=FLAGS.stability_threshold, confidence_threshold=FLAGS.confidence_threshold,
-      self_conditioning=FLAGS.self_conditioning == "on")
+      stability_threshold=FLAGS.stability_threshold, confidence_threshold=FLAGS.confidence_threshold)
   if not FLAGS.ar_temperature >= 0:
     raise ValueError(f"--ar_temperature must be >= 0, got {FLAGS.ar_temperature}")
   data = load_data(FLAGS.data, FLAGS.limit)
@@ -188,8 +187,7 @@ def run() -> int:
   except Exception as e:
     raise ValueError(f"cannot load checkpoint {FLAGS.ckpt}: {str(e).splitlines()[0] if str(e) else e!r}") from None
   task = sudoku_sampling.load_task(config, metadata, FLAGS.ckpt)
-  if FLAGS.self_conditioning == "auto":
-    sampler = dataclasses.replace(sampler, self_conditioning=self_conditioning_default(metadata))
+  sampler = dataclasses.replace(sampler, self_conditioning=self_conditioning_for(metadata, FLAGS.self_conditioning))
 
   settings = {"ckpt": FLAGS.ckpt, "task": task.name, "data": FLAGS.data, "max_steps": FLAGS.max_steps,
               "adaptive_stopping": FLAGS.adaptive_stopping, "t_max": FLAGS.t_max, "t_min": FLAGS.t_min,

@@ -7,7 +7,7 @@ backbone, Sudoku solving, and step-by-step display.
 
 from dgemma.sampling.autoregressive import ARConfig, AROutput, compile_autoregressive, generate_autoregressive
 from dgemma.sampling.generate import (GenerateOutput, SamplerConfig, compile_generate, generate,
-                                      self_conditioning_default)
+                                      self_conditioning_for)
 
-__all__ = ["SamplerConfig", "GenerateOutput", "generate", "compile_generate", "self_conditioning_default",
+__all__ = ["SamplerConfig", "GenerateOutput", "generate", "compile_generate", "self_conditioning_for",
            "ARConfig", "AROutput", "generate_autoregressive", "compile_autoregressive"]

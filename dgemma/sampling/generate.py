@@ -85,10 +85,15 @@ class SamplerConfig:
     return math.ceil(self.max_new_tokens / canvas_length)
 
 
-def self_conditioning_default(metadata: dict | None) -> bool:
-  """Whether to self-condition when sampling a checkpoint with this metadata: yes unless its training run
-  recorded that the self-conditioning branch never trained (`"self_conditioning": false`, written by
-  train.py for self_cond_prob=0 from scratch). Released checkpoints carry no such record and use it."""
+def self_conditioning_for(metadata: dict | None, choice: str = "auto") -> bool:
+  """Whether to self-condition when sampling a checkpoint with this metadata. choice "on" / "off" decides;
+  "auto": yes unless its training run recorded that the self-conditioning branch never trained
+  (`"self_conditioning": false`, written by train.py for self_cond_prob=0 from scratch). Released
+  checkpoints carry no such record and use it."""
+  if choice not in ("auto", "on", "off"):
+    raise ValueError(f"self-conditioning choice must be auto, on or off, got {choice!r}")
+  if choice != "auto":
+    return choice == "on"
   return bool((metadata or {}).get("self_conditioning", True))
 
 

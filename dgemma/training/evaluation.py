@@ -15,7 +15,7 @@ import numpy as np
 
 from dgemma.config import ModelConfig
 from dgemma.data import sudoku, sudoku_task
-from dgemma.sampling import SamplerConfig, self_conditioning_default
+from dgemma.sampling import SamplerConfig, self_conditioning_for
 from dgemma.sampling import sudoku as sudoku_solver
 
 Evaluator = Callable[[dict], dict[str, float]]
@@ -37,7 +37,7 @@ def make_evaluator(c: ml_collections.ConfigDict, config: ModelConfig, task_metad
   puzzles, solutions = np.asarray(data["puzzle"]), np.asarray(data["solution"])
   autoregressive = c.diffusion.diffusion_loss_weight == 0  # a model trained only causally is decoded causally
   sampler = SamplerConfig(max_denoising_steps=e.max_steps,
-                          self_conditioning=self_conditioning_default(task_metadata))
+                          self_conditioning=self_conditioning_for(task_metadata))
 
   def evaluate(params: dict) -> dict[str, float]:
     start = time.perf_counter()

@@ -157,7 +157,7 @@ def test_bad_inputs(tiny):
 
 def test_without_self_conditioning_the_branch_is_never_read(tiny):
   """self_conditioning=False: the self-conditioning weights do not matter (every step is a first step); with
-  it on they do. Off also equals a model whose branch is zero after its first (no-signal) step."""
+  it on they do."""
   config, params = tiny
   prompt, valid = _batch(0)
   keys = _keys(1, 2, 3, 4)
