@@ -83,6 +83,10 @@ def build_data(c: ml_collections.ConfigDict, config, shard: tuple[int, int, int]
   default: the whole batch in one shard."""
   d = c.data
   shard_index, shard_count, local_batch = shard or (0, 1, c.batch_size)
+  ordered_noise = c.diffusion.get("ordered_noise_prob", 0.0) > 0
+  if ordered_noise and d.task != "sudoku_digits":
+    raise ValueError(f"diffusion.ordered_noise_prob > 0 needs data.task='sudoku_digits' (the only task with a "
+                     f"deduction order), got {d.task!r}")
   if d.csv:
     data = sudoku_formats.read_csv(os.path.expanduser(d.csv))
   else:
@@ -94,7 +98,7 @@ def build_data(c: ml_collections.ConfigDict, config, shard: tuple[int, int, int]
   if d.task == "sudoku_digits":
     if config.vocab_size < sudoku_task.DIGIT_VOCAB_SIZE:
       raise ValueError(f"sudoku_digits needs vocab_size >= {sudoku_task.DIGIT_VOCAB_SIZE}, got {config.vocab_size}")
-    return sudoku_task.make_train_dataset(data, **common), {"task": task}
+    return sudoku_task.make_train_dataset(data, **common, noise_rank=ordered_noise), {"task": task}
   if d.task == "sudoku_text":  # the official format, tokenised with the checkpoint's tokenizer
     tokenizer_path = os.path.expanduser(d.tokenizer or c.init_from)
     if not tokenizer_path:
@@ -182,8 +186,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
       if stop_at_step is not None and step >= stop_at_step:
         break
       batch = next(data_iter)
-      batch = sharding.global_batch({k: batch[k] for k in ("prompt", "canvas", "canvas_mask")}, mesh, rules,
-                                    c.batch_size)
+      batch = sharding.global_batch({k: batch[k] for k in ("prompt", "canvas", "canvas_mask", "noise_rank")
+                                     if k in batch}, mesh, rules, c.batch_size)
       state, step_metrics = train_step(state, batch)
       if pending is not None:
         consume(*pending)

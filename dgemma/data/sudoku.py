@@ -40,7 +40,9 @@ __all__ = [
     "augment",
     "augment_batch",
     "augment_batch_from_uniforms",
+    "permute_cells_from_uniforms",
     "difficulty_bucket",
+    "deduction_rounds",
 ]
 
 NUM_CELLS = 81
@@ -456,6 +458,54 @@ def generate_dataset(
     return data
 
 
+# --- Deduction order ---------------------------------------------------------
+
+_UNIT_OF_CELL = np.array([[_ROW_OF[i], 9 + _COL_OF[i], 18 + _BOX_OF[i]] for i in range(81)])  # [81, 3]
+_UNIT_CELLS = np.array(_UNITS)  # [27, 9]
+
+
+def deduction_rounds(puzzles: np.ndarray, solutions: np.ndarray) -> np.ndarray:
+    """[N, 81] int16: the round in which a human-style solver fills each cell (0 for clues).
+
+    Round k fills, all at once, every blank that is a naked single (one digit left given the filled cells)
+    or a hidden single (the only place for a digit in one of its units) given rounds < k. When nothing is a
+    single (a puzzle that needs search), the round fills the blanks with the fewest candidates with their
+    solution digits -- where a backtracking solver would branch; all of them, so that the rounds move with
+    the cells under Sudoku symmetries -- and deduction resumes. Every blank gets a round. Used to corrupt cells that are deduced late before cells deduced early
+    (`diffusion.ordered_noise_prob`).
+    """
+    puzzles = np.asarray(puzzles)
+    solutions = np.asarray(solutions)
+    if puzzles.ndim != 2 or puzzles.shape[1] != NUM_CELLS or solutions.shape != puzzles.shape:
+        raise ValueError(f"expected puzzles and solutions of shape [N, 81], got {puzzles.shape} and "
+                         f"{solutions.shape}")
+    grid = puzzles.astype(np.int64).copy()
+    rounds = np.zeros(grid.shape, np.int16)
+    k = 0
+    while True:
+        active = np.nonzero((grid == 0).any(1))[0]  # puzzles with blanks left
+        if not active.size:
+            return rounds
+        k += 1
+        g = grid[active]
+        empty = g == 0  # [A, 81]
+        onehot = np.eye(10, dtype=bool)[g][..., 1:]  # [A, 81, 9]; blanks are all False
+        unit_has = onehot[:, _UNIT_CELLS].any(axis=2)  # [A, 27, 9]
+        blocked = unit_has[:, _UNIT_OF_CELL].any(axis=2)  # [A, 81, 9]
+        cand = empty[..., None] & ~blocked
+        num_cand = cand.sum(-1)
+        naked = empty & (num_cand == 1)
+        places = cand[:, _UNIT_CELLS].sum(axis=2)  # [A, 27, 9]: where each digit can go in each unit
+        hidden = (cand & (places[:, _UNIT_OF_CELL] == 1).any(axis=2)).any(-1)
+        newly = naked | hidden
+        stalled = ~newly.any(1)
+        if stalled.any():  # guess: every blank with the fewest candidates (the same cells under any symmetry)
+            fewest = np.where(empty, num_cand, 99).min(axis=1, keepdims=True)
+            newly |= stalled[:, None] & empty & (num_cand == fewest)
+        grid[active] = np.where(newly, solutions[active], g)
+        rounds[active] = np.where(newly, k, rounds[active])
+
+
 # --- Symmetry augmentation ---------------------------------------------------
 
 # Uniform draws consumed per grid: 3 band + 9 row, 3 stack + 9 column,
@@ -474,6 +524,21 @@ def _line_map(u: np.ndarray) -> np.ndarray:
     band = _perm(u[:, :3])  # [B, 3]
     within = _perm(u[:, 3:12].reshape(bsz, 3, 3))  # [B, 3, 3]
     return (band[:, :, None] * 3 + within).reshape(bsz, 9)
+
+
+def _cell_source(u: np.ndarray) -> np.ndarray:
+    """[B, 81]: the old cell each new cell comes from, under the symmetry chosen by ``u``."""
+    row_map = _line_map(u[:, 0:12])
+    col_map = _line_map(u[:, 12:24])
+    src = row_map[:, :, None] * 9 + col_map[:, None, :]  # [B, 9, 9]: new (r, c) <- old cell
+    transpose = u[:, 33] < 0.5
+    return np.where(transpose[:, None, None], src.transpose(0, 2, 1), src).reshape(u.shape[0], 81)
+
+
+def permute_cells_from_uniforms(cells: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Moves per-cell values [B, 81] (e.g. :func:`deduction_rounds`) as
+    :func:`augment_batch_from_uniforms` moves the cells for the same ``u``, without relabelling digits."""
+    return np.take_along_axis(np.asarray(cells), _cell_source(u), 1)
 
 
 def augment_batch_from_uniforms(
@@ -496,11 +561,7 @@ def augment_batch_from_uniforms(
         raise ValueError(
             f"expected uniforms of shape [{bsz}, {NUM_AUGMENT_UNIFORMS}], got {u.shape}"
         )
-    row_map = _line_map(u[:, 0:12])
-    col_map = _line_map(u[:, 12:24])
-    src = row_map[:, :, None] * 9 + col_map[:, None, :]  # [B, 9, 9]: new (r, c) <- old cell
-    transpose = u[:, 33] < 0.5
-    src = np.where(transpose[:, None, None], src.transpose(0, 2, 1), src).reshape(bsz, 81)
+    src = _cell_source(u)
     # Digit relabelling table with 0 (blank) fixed.
     lut = np.zeros((bsz, 10), dtype=puzzles.dtype)
     lut[:, 1:] = _perm(u[:, 24:33]) + 1

@@ -20,6 +20,8 @@ generator).
 
 from __future__ import annotations
 
+import sys
+import time
 from typing import Any
 
 import grain
@@ -245,10 +247,16 @@ class _EncodeBatch:
         records, epochs = tags[:, 0], tags[:, 1]
         puzzles = self._data["puzzle"][records]
         solutions = self._data["solution"][records]
+        rounds = self._data["rounds"][records] if "rounds" in self._data else None
         if self._augment_seed is not None:
             u = _keyed_uniforms(self._augment_seed, epochs, records, sudoku.NUM_AUGMENT_UNIFORMS)
             puzzles, solutions = sudoku.augment_batch_from_uniforms(puzzles, solutions, u)
+            if rounds is not None:
+                rounds = sudoku.permute_cells_from_uniforms(rounds, u)
         batch = encode_batch(puzzles, solutions, self._prompt_len, self._canvas_len)
+        if rounds is not None:  # canvas positions past the 81 cells (EOS fill) are "known" from the start
+            batch["noise_rank"] = np.zeros(batch["canvas"].shape, np.float32)
+            batch["noise_rank"][:, : sudoku.NUM_CELLS] = rounds
         # Symmetries preserve the clue count and whether singles suffice.
         batch["num_clues"] = self._data["num_clues"][records]
         batch["needs_search"] = self._data["needs_search"][records]
@@ -265,6 +273,7 @@ def make_train_dataset(
     shard_index: int = 0,
     shard_count: int = 1,
     read_options: grain.ReadOptions | None = None,
+    noise_rank: bool = False,
 ) -> grain.IterDataset:
     """An infinite, checkpointable stream of encoded training batches.
 
@@ -272,7 +281,9 @@ def make_train_dataset(
     int32, "canvas_mask": [B, canvas_len] bool, "num_clues": [B] int16,
     "needs_search": [B] bool}``. Records ``shard_index::shard_count`` belong to
     this process (shards are disjoint); they are reshuffled every epoch from
-    ``seed``. With ``augment``, each example gets a random symmetry determined
+    ``seed``. With ``noise_rank``, batches also carry ``"noise_rank": [B,
+    canvas_len] float32``, each cell's :func:`sudoku.deduction_rounds` round
+    (the order for ``diffusion.ordered_noise_prob``). With ``augment``, each example gets a random symmetry determined
     by (seed, epoch, record index). Resume with ``it.get_state()`` /
     ``it.set_state(state)`` on the iterator.
     """
@@ -299,6 +310,11 @@ def make_train_dataset(
         ),
         "needs_search": np.asarray(data["needs_search"], bool),
     }
+    if noise_rank:
+        start = time.perf_counter()
+        arrays["rounds"] = sudoku.deduction_rounds(arrays["puzzle"], arrays["solution"])
+        print(f"sudoku: deduction order of {len(arrays['rounds'])} puzzles "
+              f"({time.perf_counter() - start:.0f} s)", file=sys.stderr)
     num_records = arrays["puzzle"].shape[0]
     # Independent 32-bit seeds for shuffling and augmentation (grain's shuffle needs < 2**32).
     shuffle_seed, augment_seed = (

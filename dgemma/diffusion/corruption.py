@@ -21,3 +21,17 @@ def corrupt(rng: jax.Array, x0_BxL: Int[Array, "B L"], alpha_B: Float[Array, "B"
   resampled = jax.random.uniform(keep_rng, x0_BxL.shape) >= alpha_B[:, None]
   noise = jax.random.randint(token_rng, x0_BxL.shape, 0, vocab_size, dtype=x0_BxL.dtype)
   return jnp.where(resampled, noise, x0_BxL), resampled
+
+
+def corrupt_in_order(rng: jax.Array, x0_BxL: Int[Array, "B L"], alpha_B: Float[Array, "B"], vocab_size: int,
+                     rank_BxL: Float[Array, "B L"]) -> tuple[Int[Array, "B L"], Bool[Array, "B L"]]:
+  """As `corrupt`, with the same number of resampled tokens (one coin per token), but the resampled tokens are
+  those of highest rank (ties broken at random): e.g. rank = the round in which a solver deduces a Sudoku
+  cell, so the canvas looks like a partly solved puzzle, as the sampler's canvases do mid-way."""
+  count_rng, tie_rng, token_rng = jax.random.split(rng, 3)
+  num_resampled_B = jnp.sum(jax.random.uniform(count_rng, x0_BxL.shape) >= alpha_B[:, None], axis=-1)
+  priority = rank_BxL + jax.random.uniform(tie_rng, x0_BxL.shape)  # ranks are integers: ties break at random
+  place_BxL = jnp.argsort(jnp.argsort(-priority, axis=-1), axis=-1)  # 0 = resampled first
+  resampled = place_BxL < num_resampled_B[:, None]
+  noise = jax.random.randint(token_rng, x0_BxL.shape, 0, vocab_size, dtype=x0_BxL.dtype)
+  return jnp.where(resampled, noise, x0_BxL), resampled

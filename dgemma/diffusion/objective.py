@@ -17,7 +17,7 @@ from dgemma.diffusion import corruption, losses, schedules
 from dgemma.model.cache import init_cache
 from dgemma.model.transformer import DiffusionGemma
 
-Batch = dict[str, Array]  # prompt [B,P] int, canvas [B,N·C] int, canvas_mask [B,N·C] bool
+Batch = dict[str, Array]  # prompt [B,P] int, canvas [B,N·C] int, canvas_mask [B,N·C] bool; optional noise_rank [B,N·C]
 
 
 def select_canvas(rng: jax.Array, canvas_mask_BxNC: Bool[Array, "B NC"], canvas_len: int) -> Int[Array, "B"]:
@@ -47,6 +47,14 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
   t = corruption.sample_t(t_rng, b, cfg.t_eps)
   alpha, dalpha = schedules.alpha_and_derivative(cfg.schedule, t)
   x_t, _ = corruption.corrupt(noise_rng, canvas, alpha, config.vocab_size)
+  ordered_prob = cfg.get("ordered_noise_prob", 0.0)
+  if ordered_prob > 0:  # a research option: corrupt late-deduced tokens first (batch["noise_rank"])
+    if "noise_rank" not in batch:
+      raise ValueError("diffusion.ordered_noise_prob > 0 needs a task whose batches carry 'noise_rank' "
+                       "(sudoku_digits)")
+    order_rng, pick_rng = jax.random.split(jax.random.fold_in(noise_rng, 1))
+    x_ordered, _ = corruption.corrupt_in_order(order_rng, canvas, alpha, config.vocab_size, batch["noise_rank"])
+    x_t = jnp.where(jax.random.bernoulli(pick_rng, ordered_prob, (b, 1)), x_ordered, x_t)
   s = select_canvas(s_rng, canvas_mask, c)
 
   # 2. Encoder: causal pass over [prompt ‖ clean canvases] builds the cache and the AR logits.

@@ -362,3 +362,75 @@ def test_pipeline_augmentation_differs_across_epochs(dataset):
     batches = _take(it, 4)
     canvases = {tuple(row) for b in batches for row in b["canvas"]}
     assert len(canvases) == 8  # 2 records x 4 epochs, all distinct symmetries
+
+
+# --- Deduction order -------------------------------------------------------------
+
+
+def _singles_of(grid: list[int]) -> set[int]:
+    """Brute force: blanks of `grid` that are a naked single or a hidden single, cell by cell."""
+    def peers_values(i):
+        r, c = divmod(i, 9)
+        cells = {r * 9 + k for k in range(9)} | {k * 9 + c for k in range(9)}
+        cells |= {(r // 3 * 3 + a) * 9 + c // 3 * 3 + b for a in range(3) for b in range(3)}
+        return {grid[j] for j in cells if j != i}
+
+    cand = {i: set(range(1, 10)) - peers_values(i) for i in range(81) if not grid[i]}
+    singles = {i for i, ds in cand.items() if len(ds) == 1}
+    units = ([[r * 9 + k for k in range(9)] for r in range(9)] + [[k * 9 + c for k in range(9)] for c in range(9)]
+             + [[(br * 3 + a) * 9 + bc * 3 + b for a in range(3) for b in range(3)]
+                for br in range(3) for bc in range(3)])
+    for unit in units:
+        for d in range(1, 10):
+            homes = [i for i in unit if i in cand and d in cand[i]]
+            if len(homes) == 1:
+                singles.add(homes[0])
+    return singles
+
+
+def test_deduction_rounds_follow_singles_and_guess_only_when_stuck(dataset):
+    rounds = sudoku.deduction_rounds(dataset["puzzle"], dataset["solution"])
+    assert rounds.shape == (len(dataset["puzzle"]), 81)
+    for puzzle, solution, r, needs_search in zip(dataset["puzzle"], dataset["solution"], rounds,
+                                                 dataset["needs_search"]):
+        np.testing.assert_array_equal(r == 0, puzzle != 0)  # clues first, every blank later
+        grid, guesses = puzzle.astype(int).tolist(), 0
+        for k in range(1, int(r.max()) + 1):
+            filled = set(np.nonzero(r == k)[0].tolist())
+            singles = _singles_of(grid)
+            if singles:
+                assert filled == singles, k  # every single of the grid so far, nothing else
+            else:  # a guess: the blanks with the fewest candidates get their solution digits
+                guesses += 1
+                counts = {i: len(set(range(1, 10)) - {grid[j] for j in range(81) if j != i and (
+                    j // 9 == i // 9 or j % 9 == i % 9 or (j // 27, j % 9 // 3) == (i // 27, i % 9 // 3))})
+                    for i in range(81) if not grid[i]}
+                assert filled == {i for i, n in counts.items() if n == min(counts.values())}, k
+            for i in filled:
+                grid[i] = int(solution[i])
+        assert grid == solution.tolist()
+        assert (guesses > 0) == bool(needs_search)  # the solver's own label: singles suffice or not
+
+
+def test_deduction_rounds_move_with_symmetries(dataset):
+    rng = np.random.default_rng(5)
+    u = rng.random((len(dataset["puzzle"]), sudoku.NUM_AUGMENT_UNIFORMS))
+    puzzles, solutions = sudoku.augment_batch_from_uniforms(dataset["puzzle"], dataset["solution"], u)
+    moved = sudoku.permute_cells_from_uniforms(sudoku.deduction_rounds(dataset["puzzle"], dataset["solution"]), u)
+    np.testing.assert_array_equal(sudoku.deduction_rounds(puzzles, solutions), moved)
+    # The same cells move: clue positions land where the augmented puzzle has its clues.
+    np.testing.assert_array_equal(
+        sudoku.permute_cells_from_uniforms(dataset["puzzle"] != 0, u), puzzles != 0)
+
+
+def test_pipeline_noise_rank_is_the_rounds_of_the_augmented_puzzle(dataset):
+    ds = sudoku_task.make_train_dataset(dataset, batch_size=6, prompt_len=82, canvas_len=84, seed=2,
+                                        noise_rank=True)
+    plain = sudoku_task.make_train_dataset(dataset, batch_size=6, prompt_len=82, canvas_len=84, seed=2)
+    for batch, without in zip(_take(iter(ds), 5), _take(iter(plain), 5)):
+        np.testing.assert_array_equal(batch["canvas"], without["canvas"])  # same stream, one more key
+        assert "noise_rank" not in without and batch["noise_rank"].shape == (6, 84)
+        puzzles = (batch["prompt"][:, 1:82] - 3).astype(np.int8)
+        solutions = (batch["canvas"][:, :81] - 3).astype(np.int8)
+        np.testing.assert_array_equal(batch["noise_rank"][:, :81], sudoku.deduction_rounds(puzzles, solutions))
+        assert (batch["noise_rank"][:, 81:] == 0).all()  # EOS fill: known from the start

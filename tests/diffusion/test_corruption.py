@@ -31,3 +31,28 @@ def test_t_range_and_schedules():
     a, da = schedules.alpha_and_derivative(name, jnp.asarray([0.0, 0.5, 1.0]))
     np.testing.assert_allclose([a[0], a[2]], [1.0, 0.0], atol=1e-6)
     assert float(da[1]) < 0
+
+
+def test_ordered_corruption_takes_the_highest_ranks_in_the_same_numbers():
+  b, n, v = 6, 81, 13
+  x0 = jnp.asarray(np.random.default_rng(0).integers(3, 13, (b, n)), jnp.int32)
+  rank = jnp.asarray(np.random.default_rng(1).integers(0, 12, (b, n)), jnp.float32)
+  alpha = jnp.asarray([0.0, 0.2, 0.5, 0.5, 0.8, 1.0])
+  fractions = []
+  for seed in range(200):
+    xt, resampled = corruption.corrupt_in_order(jax.random.key(seed), x0, alpha, v, rank)
+    xt, resampled, r = np.asarray(xt), np.asarray(resampled), np.asarray(rank)
+    np.testing.assert_array_equal(xt[~resampled], np.asarray(x0)[~resampled])
+    for row in range(b):  # every resampled token ranks at least as high as every kept one
+      if resampled[row].any() and (~resampled[row]).any():
+        assert r[row][resampled[row]].min() >= r[row][~resampled[row]].max()
+    fractions.append(resampled.mean(1))
+  # As many resampled tokens as independent coins give: a fraction 1 - alpha on average.
+  mean = np.mean(fractions, 0)
+  sigma = np.sqrt(np.asarray(alpha) * (1 - np.asarray(alpha)) / (n * 200))
+  assert (np.abs(mean - (1 - np.asarray(alpha))) <= 5 * sigma + 1e-9).all(), mean
+  # Ties break at random: among equal ranks, which ones are resampled varies from draw to draw.
+  tied = jnp.zeros((1, n), jnp.float32)
+  picks = {tuple(np.asarray(corruption.corrupt_in_order(jax.random.key(s), x0[:1], jnp.asarray([0.5]), v,
+                                                         tied)[1][0])) for s in range(5)}
+  assert len(picks) == 5

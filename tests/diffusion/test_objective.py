@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import pytest
 
 from dgemma import model
 from dgemma.config import tiny_moe
@@ -123,3 +124,17 @@ def test_autoregressive_baseline_loss_is_the_canvas_next_token_ce():
   np.testing.assert_allclose(float(loss), np.mean(expected), rtol=1e-5)
   with np.testing.assert_raises_regex(ValueError, "nothing to train"):
     objective.loss_fn(params, CONFIG, _cfg(diffusion_loss_weight=0.0, ar_loss_weight=0.0), batch, jax.random.key(0))
+
+
+def test_ordered_noise_needs_a_rank_and_trains_with_one():
+  params = model.init_params(CONFIG, jax.random.key(0))
+  rng = np.random.default_rng(0)
+  batch = {"prompt": jnp.asarray(rng.integers(3, 64, (2, 5)), jnp.int32),
+           "canvas": jnp.asarray(rng.integers(3, 64, (2, 4)), jnp.int32), "canvas_mask": jnp.ones((2, 4), bool)}
+  cfg = _cfg(ar_loss_weight=0.0, ordered_noise_prob=1.0)
+  with pytest.raises(ValueError, match="noise_rank"):
+    objective.loss_fn(params, CONFIG, cfg, batch, jax.random.key(1))
+  batch["noise_rank"] = jnp.asarray([[0, 1, 2, 3], [3, 2, 1, 0]], jnp.float32)
+  loss, _ = objective.loss_fn(params, CONFIG, cfg, batch, jax.random.key(1))
+  plain, _ = objective.loss_fn(params, CONFIG, _cfg(ar_loss_weight=0.0), batch, jax.random.key(1))
+  assert np.isfinite(loss) and loss != plain  # the ranked corruption changed the noisy canvas

@@ -41,8 +41,9 @@ def test_loss_goes_down(tmp_path):
   assert loss[-1] < 0.8 * loss[0], loss
 
 
-def test_killed_run_resumes_bit_identically(tmp_path):
-  c = debug_config(tmp_path)  # 6 steps, checkpoint every 3
+@pytest.mark.parametrize("ordered_noise_prob", [0.0, 0.5])
+def test_killed_run_resumes_bit_identically(tmp_path, ordered_noise_prob):
+  c = debug_config(tmp_path, **{"diffusion.ordered_noise_prob": ordered_noise_prob})  # 6 steps, checkpoint every 3
   train.train(c, str(tmp_path / "straight"))
   # "Killed" after 4 steps: the checkpoint at step 3 survives, step 4 is lost and redone on resume.
   train.train(c, str(tmp_path / "resumed"), stop_at_step=4)
@@ -99,6 +100,12 @@ def test_cli_errors_are_one_line(tmp_path):
   assert missing.stderr.strip().splitlines()[-1] == f"train.py: error: checkpoint {tmp_path}/nope does not exist"
   bad_variant = _run_cli("--config=configs/sft_sudoku.py:size=huge", f"--workdir={tmp_path}/c")
   assert bad_variant.returncode != 0 and "unknown size 'huge'" in bad_variant.stderr
+
+
+def test_ordered_noise_needs_the_digit_task(tmp_path):
+  c = debug_config(tmp_path, **{"diffusion.ordered_noise_prob": 0.5, "data.task": "sudoku_text"})
+  with pytest.raises(ValueError, match="ordered_noise_prob > 0 needs data.task='sudoku_digits'"):
+    train.build_data(c, train.build_model(c)[0])
 
 
 def test_official_text_format_from_an_hf_checkpoint(tmp_path):
