@@ -479,6 +479,8 @@ def deduction_rounds(puzzles: np.ndarray, solutions: np.ndarray) -> np.ndarray:
     if puzzles.ndim != 2 or puzzles.shape[1] != NUM_CELLS or solutions.shape != puzzles.shape:
         raise ValueError(f"expected puzzles and solutions of shape [N, 81], got {puzzles.shape} and "
                          f"{solutions.shape}")
+    if solutions.size and not ((solutions >= 1) & (solutions <= 9)).all():
+        raise ValueError("solutions must be complete grids (digits 1..9 in every cell)")
     grid = puzzles.astype(np.int64).copy()
     rounds = np.zeros(grid.shape, np.int16)
     k = 0

@@ -412,6 +412,11 @@ def test_deduction_rounds_follow_singles_and_guess_only_when_stuck(dataset):
         assert (guesses > 0) == bool(needs_search)  # the solver's own label: singles suffice or not
 
 
+def test_deduction_rounds_reject_incomplete_solutions(dataset):
+    with pytest.raises(ValueError, match="complete grids"):
+        sudoku.deduction_rounds(dataset["puzzle"][:1], dataset["puzzle"][:1])
+
+
 def test_deduction_rounds_move_with_symmetries(dataset):
     rng = np.random.default_rng(5)
     u = rng.random((len(dataset["puzzle"]), sudoku.NUM_AUGMENT_UNIFORMS))
