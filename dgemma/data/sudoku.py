@@ -471,8 +471,8 @@ def deduction_rounds(puzzles: np.ndarray, solutions: np.ndarray) -> np.ndarray:
     or a hidden single (the only place for a digit in one of its units) given rounds < k. When nothing is a
     single (a puzzle that needs search), the round fills the blanks with the fewest candidates with their
     solution digits -- where a backtracking solver would branch; all of them, so that the rounds move with
-    the cells under Sudoku symmetries -- and deduction resumes. Every blank gets a round. Used to corrupt cells that are deduced late before cells deduced early
-    (`diffusion.ordered_noise_prob`).
+    the cells under Sudoku symmetries -- and deduction resumes. Every blank gets a round. Used to corrupt
+    cells that are deduced late before cells deduced early (`diffusion.ordered_noise_prob`).
     """
     puzzles = np.asarray(puzzles)
     solutions = np.asarray(solutions)

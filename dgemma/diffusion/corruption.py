@@ -19,8 +19,13 @@ def corrupt(rng: jax.Array, x0_BxL: Int[Array, "B L"], alpha_B: Float[Array, "B"
   """Returns (x_t, resampled): x_t keeps x0 where a coin with P(keep)=alpha says so, else a uniform token."""
   keep_rng, token_rng = jax.random.split(rng)
   resampled = jax.random.uniform(keep_rng, x0_BxL.shape) >= alpha_B[:, None]
-  noise = jax.random.randint(token_rng, x0_BxL.shape, 0, vocab_size, dtype=x0_BxL.dtype)
-  return jnp.where(resampled, noise, x0_BxL), resampled
+  return _replace(token_rng, x0_BxL, resampled, vocab_size), resampled
+
+
+def _replace(rng: jax.Array, x0_BxL: Int[Array, "B L"], resampled_BxL: Bool[Array, "B L"], vocab_size: int):
+  """x0 with the resampled tokens replaced by tokens drawn uniformly from the whole vocabulary."""
+  noise = jax.random.randint(rng, x0_BxL.shape, 0, vocab_size, dtype=x0_BxL.dtype)
+  return jnp.where(resampled_BxL, noise, x0_BxL)
 
 
 def corrupt_in_order(rng: jax.Array, x0_BxL: Int[Array, "B L"], alpha_B: Float[Array, "B"], vocab_size: int,
@@ -33,5 +38,4 @@ def corrupt_in_order(rng: jax.Array, x0_BxL: Int[Array, "B L"], alpha_B: Float[A
   priority = rank_BxL + jax.random.uniform(tie_rng, x0_BxL.shape)  # ranks are integers: ties break at random
   place_BxL = jnp.argsort(jnp.argsort(-priority, axis=-1), axis=-1)  # 0 = resampled first
   resampled = place_BxL < num_resampled_B[:, None]
-  noise = jax.random.randint(token_rng, x0_BxL.shape, 0, vocab_size, dtype=x0_BxL.dtype)
-  return jnp.where(resampled, noise, x0_BxL), resampled
+  return _replace(token_rng, x0_BxL, resampled, vocab_size), resampled
