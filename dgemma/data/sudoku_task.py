@@ -284,8 +284,9 @@ def make_train_dataset(
     ``seed``. With ``noise_rank``, batches also carry ``"noise_rank": [B,
     canvas_len] float32``, each cell's :func:`sudoku.deduction_rounds` round
     (the order for ``diffusion.ordered_noise_prob``). With ``augment``, each
-    example gets a random symmetry determined by (seed, epoch, record index). Resume with ``it.get_state()`` /
-    ``it.set_state(state)`` on the iterator.
+    example gets a random symmetry determined by (seed, epoch, record
+    index). Resume with ``it.get_state()`` / ``it.set_state(state)`` on the
+    iterator.
     """
     for key in ("puzzle", "solution"):
         if key not in data:
