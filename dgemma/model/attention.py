@@ -15,22 +15,30 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from dgemma.config import ModelConfig
-from dgemma.model.layers import RMSNorm, apply_rope, init_normal, param_dtype, rope_inv_freq
+from dgemma.model.layers import RMSNorm, apply_rope, init_normal, param_dtype, rope_inv_freq, token_matmul
 
 _MASKED = -2.3819763e38  # the large negative logit of the reference implementations
 
 
 def dot_product_attention(q_BxTxNxH: Array, k_BxSxKxH: Array, v_BxSxKxH: Array,
                           mask_BxTxS: Bool[Array, "B T S"]) -> Array:
-  """Plain-XLA attention, the reference every kernel is tested against. Query head n reads KV head n // G."""
+  """Plain-XLA attention, the reference every kernel is tested against. Query head n reads KV head n // G.
+
+  Heads are moved in front of the tokens first, so that both products are batched matmuls in XLA's canonical
+  [batch..., rows, contraction] form: on CPU that halved the forward pass against einsums over [B, T, N, H]
+  (48 x 81 queries, 163 keys, 4 heads of 32: 21.8 -> 10.1 ms) and took 16% off forward + backward.
+  """
   b, t, n, h = q_BxTxNxH.shape
   kv_heads = k_BxSxKxH.shape[2]
-  q = q_BxTxNxH.reshape(b, t, kv_heads, n // kv_heads, h)
-  logits = jnp.einsum("btkgh,bskh->bkgts", q, k_BxSxKxH, preferred_element_type=jnp.float32)
+  g = n // kv_heads
+  q_BxKxGTxH = q_BxTxNxH.reshape(b, t, kv_heads, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kv_heads, g * t, h)
+  k_BxKxHxS = k_BxSxKxH.transpose(0, 2, 3, 1)
+  v_BxKxSxH = v_BxSxKxH.transpose(0, 2, 1, 3)
+  logits = jnp.matmul(q_BxKxGTxH, k_BxKxHxS, preferred_element_type=jnp.float32).reshape(b, kv_heads, g, t, -1)
   logits = jnp.where(mask_BxTxS[:, None, None], logits, _MASKED)
-  probs = jax.nn.softmax(logits, axis=-1).astype(v_BxSxKxH.dtype)
-  out = jnp.einsum("bkgts,bskh->btkgh", probs, v_BxSxKxH)
-  return out.reshape(b, t, n, h)
+  probs = jax.nn.softmax(logits, axis=-1).astype(v_BxSxKxH.dtype).reshape(b, kv_heads, g * t, -1)
+  out = jnp.matmul(probs, v_BxKxSxH).reshape(b, kv_heads, g, t, h)
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
 def write_rows(cache_BxSx: Array, new_BxTx: Array, start_B: Int[Array, "B"]) -> Array:
@@ -58,12 +66,12 @@ class Attention(nn.Module):
     o_proj = self.param("o_proj", init_normal, (n, h, d), dt)
     inv_freq = rope_inv_freq(h, *cfg.rope(kind))
 
-    q = jnp.einsum("btd,dnh->btnh", x_BxTxD, q_proj)
+    q = token_matmul(x_BxTxD, q_proj)
     q = apply_rope(RMSNorm(cfg.rms_norm_eps, dtype=dt, name="q_norm")(q), positions_BxT, inv_freq)
     if cfg.query_scale != 1.0:  # Gemma 3; scaling q rather than the logits keeps every attention kernel as is
       q = q * jnp.asarray(cfg.query_scale, q.dtype)
-    k_raw = jnp.einsum("btd,dkh->btkh", x_BxTxD, k_proj)
-    v_raw = k_raw if v_proj is None else jnp.einsum("btd,dkh->btkh", x_BxTxD, v_proj)
+    k_raw = token_matmul(x_BxTxD, k_proj)
+    v_raw = k_raw if v_proj is None else token_matmul(x_BxTxD, v_proj)
     k = apply_rope(RMSNorm(cfg.rms_norm_eps, dtype=dt, name="k_norm")(k_raw), positions_BxT, inv_freq)
     v = RMSNorm(cfg.rms_norm_eps, with_scale=False, name="v_norm")(v_raw) if cfg.value_norm else v_raw  # no RoPE
 
@@ -81,4 +89,4 @@ class Attention(nn.Module):
       out = attention_kernels.attention(q, keys, values, mask)
     else:
       out = dot_product_attention(q, keys, values, mask)
-    return jnp.einsum("btnh,nhd->btd", out, o_proj), new_kv
+    return token_matmul(out, o_proj, contract_dims=2), new_kv

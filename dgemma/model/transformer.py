@@ -52,9 +52,13 @@ class SelfConditioning(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, token_embeds_BxCxD: Array, soft_embeds_BxCxD: Array) -> Array:
+  def __call__(self, token_embeds_BxCxD: Array, soft_embeds_BxCxD: Array | None) -> Array:
+    """`soft_embeds_BxCxD=None` is "no signal": the branch is skipped, since RMSNorm(0) = 0 and the bias-free
+    GeGLU maps 0 to 0 exactly (the same numbers as zeros, without a wasted MLP pass in training)."""
     cfg = self.config
     dt = param_dtype(cfg)
+    if soft_embeds_BxCxD is None:
+      return RMSNorm(cfg.rms_norm_eps, with_scale=False, name="post_norm")(token_embeds_BxCxD)
     normed = RMSNorm(cfg.rms_norm_eps, dtype=dt, name="pre_norm")(soft_embeds_BxCxD)
     signal = GeGLU(cfg.mlp_hidden, dtype=dt, name="mlp")(normed)
     return RMSNorm(cfg.rms_norm_eps, with_scale=False, name="post_norm")(token_embeds_BxCxD + signal)
@@ -115,7 +119,7 @@ class DiffusionGemma(nn.Module):
     positions = cache.end[:, None] + jnp.arange(c)[None, :]
     x = self.embedder.encode(canvas_BxC, positions)
     if self_conditioning_logits is None:
-      soft = jnp.zeros_like(x)  # "no signal": exactly HF's self_conditioning_logits=None
+      soft = None  # "no signal": exactly HF's self_conditioning_logits=None
     else:
       soft = self.embedder.encode_soft(self_conditioning_logits)
       if self_conditioning_mask is not None:

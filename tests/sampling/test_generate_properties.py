@@ -69,13 +69,25 @@ def test_deterministic_given_the_key_and_row_keys_from_one_key(tiny):
 
 
 def test_dense_moe_samples_the_same_tokens(tiny):
-  """moe_impl is chosen through the model config; the dense experts give the same samples as ragged_dot."""
+  """moe_impl is chosen through the model config; the dense experts give the same samples as ragged_dot.
+
+  The two are the same function up to float rounding (tests/model/test_moe_dense.py), but sampling is not
+  continuous: a draw that falls within rounding of a category boundary, or two entropies within rounding of
+  each other, can flip one token and with it the rest of that row. So over 8 keys x 4 rows, nearly every row
+  must come out identical; a different function would match almost none.
+  """
   config, params = tiny
   prompt, valid = _batch(3)
-  xla = generate(params, config, prompt, valid, jax.random.key(7), SAMPLER)
-  dense = generate(params, config.replace(moe_impl="dense"), prompt, valid, jax.random.key(7), SAMPLER)
-  for field in ("tokens", "steps_per_canvas", "trajectory"):
-    np.testing.assert_array_equal(np.asarray(getattr(dense, field)), np.asarray(getattr(xla, field)), err_msg=field)
+  same_rows = 0
+  for seed in range(8):
+    xla = generate(params, config, prompt, valid, jax.random.key(seed), SAMPLER)
+    dense = generate(params, config.replace(moe_impl="dense"), prompt, valid, jax.random.key(seed), SAMPLER)
+    same = np.ones(prompt.shape[0], bool)
+    for field in ("tokens", "steps_per_canvas", "trajectory"):
+      a, b = np.asarray(getattr(dense, field)), np.asarray(getattr(xla, field))
+      same &= (a == b).reshape(a.shape[0], -1).all(axis=1)
+    same_rows += int(same.sum())
+  assert same_rows >= 30, f"only {same_rows} of 32 rows sampled the same tokens"
 
 
 def test_step_accounting_and_trajectory(tiny):

@@ -59,8 +59,9 @@ def test_training_matches_one_device(runs, mesh):
   assert set(r["params"]) == set(single["params"])
   for key, value in single["params"].items():
     # Sums run in another order on a mesh: ~1e-7 apart after 3 Adam steps of ~1e-3. A layer scalar's gradient
-    # is one sum over everything with much cancellation, which Adam's m/sqrt(v) amplifies: 3% of a step.
-    atol = 3e-5 if "layer_scalar" in key else 1e-6
+    # is one sum over everything with much cancellation, which Adam's m/sqrt(v) amplifies (measured 3% of a
+    # step, ~3e-5, and that moves with the matmul shapes XLA is given); 10% of one step bounds it.
+    atol = 1e-4 if "layer_scalar" in key else 1e-6
     np.testing.assert_allclose(r["params"][key], value, rtol=0, atol=atol, err_msg=key)
   # The steps did move the parameters (by ~lr = 1e-3 each), so agreement to 1e-6 is not vacuous.
   assert max(np.abs(v - single["initial"][k]).max() for k, v in single["params"].items()) > 1e-4
