@@ -27,6 +27,15 @@ def select_canvas(rng: jax.Array, canvas_mask_BxNC: Bool[Array, "B NC"], canvas_
   return jnp.floor(jax.random.uniform(rng, (b,)) * n_valid).astype(jnp.int32)
 
 
+def self_conditioning_rows(rng: jax.Array, batch_size: int, prob: float) -> Int[Array, "K"]:
+  """The rows of a batch trained with self-conditioning: a random round(prob·B) of them (at least one).
+
+  A fixed count instead of an independent coin per row keeps the shape static, so the no-signal first pass
+  runs on those rows only, not on the whole batch (half the extra cost at prob 0.5)."""
+  k = min(batch_size, max(1, round(prob * batch_size)))
+  return jnp.sort(jax.random.permutation(rng, batch_size)[:k])
+
+
 def take_canvas(x_BxNC: Array, s_B: Int[Array, "B"], canvas_len: int) -> Array:
   b, nc = x_BxNC.shape
   return x_BxNC.reshape(b, nc // canvas_len, canvas_len)[jnp.arange(b), s_B]
@@ -88,8 +97,13 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
   denoise = lambda sc_logits, sc_mask: model.apply(
       {"params": params}, xt_s, cache, sc_logits, sc_mask, method=DiffusionGemma.denoise)
   if cfg.self_cond_prob > 0:
-    first = jax.lax.stop_gradient(denoise(None, None))  # no signal, as the sampler's first step
-    use_sc = jax.random.bernoulli(sc_rng, cfg.self_cond_prob, (b,))
+    # The no-signal first pass (as the sampler's first step) runs only on the rows that will use it.
+    rows = self_conditioning_rows(sc_rng, b, cfg.self_cond_prob)
+    cache_k = jax.tree_util.tree_map(lambda x: x[rows], cache)
+    first_k = jax.lax.stop_gradient(model.apply({"params": params}, xt_s[rows], cache_k, None, None,
+                                                method=DiffusionGemma.denoise))
+    first = jnp.zeros((b,) + first_k.shape[1:], first_k.dtype).at[rows].set(first_k)
+    use_sc = jnp.zeros((b,), bool).at[rows].set(True)
     logits = denoise(first, use_sc)
   else:
     logits = denoise(None, None)

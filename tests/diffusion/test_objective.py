@@ -61,33 +61,53 @@ def test_training_view_equals_sampler_view():
   np.testing.assert_allclose(train_view, sampler_view, atol=1e-5)
 
 
-def test_diffusion_loss_covers_exactly_canvas_s():
+@pytest.mark.parametrize("self_cond_prob", [0.0, 0.5])
+def test_diffusion_loss_covers_exactly_canvas_s(self_cond_prob):
   """The diffusion loss equals the CE of canvas s's clean tokens given its noisy version, masked by
-  canvas_mask, recomputed example by example with the sampler-style prefix cache."""
+  canvas_mask, recomputed example by example with the sampler-style prefix cache. With self-conditioning, the
+  chosen rows are denoised twice, as the sampler's first two steps: no signal, then the first pass's logits."""
   params = model.init_params(CONFIG, jax.random.key(1))
   rng = np.random.default_rng(1)
-  batch = {"prompt": jnp.asarray(rng.integers(3, 64, (2, 5)), jnp.int32),
-           "canvas": jnp.asarray(rng.integers(3, 64, (2, 8)), jnp.int32),
-           "canvas_mask": jnp.asarray([[1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]], bool)}
+  batch = {"prompt": jnp.asarray(rng.integers(3, 64, (4, 5)), jnp.int32),
+           "canvas": jnp.asarray(rng.integers(3, 64, (4, 8)), jnp.int32),
+           "canvas_mask": jnp.asarray([[1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0],
+                                       [1] * 8, [1, 1, 1, 1, 1, 0, 0, 0]], bool)}
   key = jax.random.key(7)
-  _, metrics = jax.jit(lambda p: objective.loss_fn(p, CONFIG, _cfg(), batch, key))(params)
-  t_rng, noise_rng, s_rng, _ = jax.random.split(key, 4)
-  t = corruption.sample_t(t_rng, 2, 1e-4)
+  _, metrics = jax.jit(lambda p: objective.loss_fn(p, CONFIG, _cfg(self_cond_prob=self_cond_prob), batch,
+                                                   key))(params)
+  t_rng, noise_rng, s_rng, sc_rng = jax.random.split(key, 4)
+  t = corruption.sample_t(t_rng, 4, 1e-4)
   x_t, _ = corruption.corrupt(noise_rng, batch["canvas"], 1.0 - t, CONFIG.vocab_size)
   s = objective.select_canvas(s_rng, batch["canvas_mask"], 4)
   assert int(s[1]) == 0  # row 1 has one valid canvas
+  sc_rows = set(np.asarray(objective.self_conditioning_rows(sc_rng, 4, self_cond_prob)).tolist()
+                if self_cond_prob else [])
+  assert len(sc_rows) == round(4 * self_cond_prob)
   expected = []
-  for b in range(2):
+  for b in range(4):
     sb = int(s[b])
     prefix_len = 5 + 4 * sb
     full = jnp.concatenate([batch["prompt"], batch["canvas"]], 1)[b:b + 1]
     _, cache = model.encode(params, CONFIG, full[:, :prefix_len], model.init_cache(CONFIG, 1, 13))
     x0 = batch["canvas"][b:b + 1, 4 * sb:4 * sb + 4]
-    logits = model.denoise(params, CONFIG, x_t[b:b + 1, 4 * sb:4 * sb + 4], cache)
+    noisy = x_t[b:b + 1, 4 * sb:4 * sb + 4]
+    logits = model.denoise(params, CONFIG, noisy, cache)
+    if b in sc_rows:
+      logits = model.denoise(params, CONFIG, noisy, cache, logits)
     ce = losses.token_cross_entropy(logits, x0)[0]
     mask = batch["canvas_mask"][b, 4 * sb:4 * sb + 4]
     expected.append(float(jnp.sum(ce * mask) / jnp.sum(mask)))
   np.testing.assert_allclose(float(metrics["diffusion_loss"]), np.mean(expected), rtol=1e-4)
+
+
+def test_self_conditioning_rows_are_a_random_share_of_the_batch():
+  rows = [tuple(np.asarray(objective.self_conditioning_rows(jax.random.key(i), 10, 0.5))) for i in range(50)]
+  assert all(len(r) == 5 and len(set(r)) == 5 and list(r) == sorted(r) and 0 <= r[0] and r[-1] < 10 for r in rows)
+  assert len(set(rows)) > 40  # different draws pick different rows
+  counts = np.bincount(np.concatenate(rows), minlength=10)
+  assert counts.min() > 10  # every row gets its turn (expected 25 each)
+  assert len(objective.self_conditioning_rows(jax.random.key(0), 3, 0.01)) == 1
+  assert len(objective.self_conditioning_rows(jax.random.key(0), 3, 1.0)) == 3
 
 
 def test_gradients_flow_to_every_trained_weight():

@@ -140,11 +140,11 @@ def test_evaluation_during_training_is_logged_and_matches_the_saved_model(tmp_pa
   assert [s for s, _ in scalars["eval/cell_accuracy"]] == [3, 6]
   config, params, metadata = load_model(str(tmp_path / "run" / "model"))
   data = sudoku.generate_dataset(4, c.eval.seed, c.data.min_clues, c.data.max_clues)
-  # Trained without self-conditioning (self_cond_prob=0): recorded, and the evaluation sampled without it.
-  assert c.diffusion.self_cond_prob == 0 and metadata["self_conditioning"] is False
+  # Trained with self-conditioning (the default self_cond_prob=0.5): recorded, and the evaluation sampled with it.
+  assert c.diffusion.self_cond_prob == 0.5 and metadata["self_conditioning"] is True
   result = sudoku_solver.solve(params, sudoku_solver.load_task(config, metadata), np.asarray(data["puzzle"]),
                                jax.random.key(c.eval.seed),
-                               SamplerConfig(max_denoising_steps=6, self_conditioning=False))
+                               SamplerConfig(max_denoising_steps=6, self_conditioning=True))
   expected = sudoku_task.score(np.asarray(data["puzzle"]), np.asarray(data["solution"]), result.predictions)
   assert scalars["eval/cell_accuracy"][-1][1] == pytest.approx(expected["cell_accuracy"])
   assert scalars["eval/mean_steps"][-1][1] == pytest.approx(float(np.mean(result.steps)))
