@@ -8,11 +8,13 @@ Use a seed the training never used (training generates with data.seed, default 0
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 from absl import app, flags
 
-from dgemma.data import sudoku, sudoku_formats
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+from dgemma.data import sudoku, sudoku_formats  # noqa: E402
 
 _N = flags.DEFINE_integer("n", 1000, "Number of puzzles.")
 _SEED = flags.DEFINE_integer("seed", 12345, "Generator seed.")

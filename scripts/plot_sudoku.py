@@ -16,6 +16,7 @@ import sys
 
 import matplotlib
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from absl import app, flags  # noqa: E402
