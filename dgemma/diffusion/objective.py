@@ -94,19 +94,17 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
   # 3. Denoiser on canvas s, seeing the prompt and the clean canvases before s.
   cache = cache.with_end(p + s * c)
   xt_s, x0_s, mask_s = take_canvas(x_t, s, c), take_canvas(canvas, s, c), take_canvas(canvas_mask, s, c)
-  denoise = lambda sc_logits, sc_mask: model.apply(
-      {"params": params}, xt_s, cache, sc_logits, sc_mask, method=DiffusionGemma.denoise)
+  denoise = lambda canvas, cache, sc_logits=None, sc_mask=None: model.apply(
+      {"params": params}, canvas, cache, sc_logits, sc_mask, method=DiffusionGemma.denoise)
   if cfg.self_cond_prob > 0:
     # The no-signal first pass (as the sampler's first step) runs only on the rows that will use it.
     rows = self_conditioning_rows(sc_rng, b, cfg.self_cond_prob)
-    cache_k = jax.tree_util.tree_map(lambda x: x[rows], cache)
-    first_k = jax.lax.stop_gradient(model.apply({"params": params}, xt_s[rows], cache_k, None, None,
-                                                method=DiffusionGemma.denoise))
+    first_k = jax.lax.stop_gradient(denoise(xt_s[rows], jax.tree_util.tree_map(lambda x: x[rows], cache)))
     first = jnp.zeros((b,) + first_k.shape[1:], first_k.dtype).at[rows].set(first_k)
     use_sc = jnp.zeros((b,), bool).at[rows].set(True)
-    logits = denoise(first, use_sc)
+    logits = denoise(xt_s, cache, first, use_sc)
   else:
-    logits = denoise(None, None)
+    logits = denoise(xt_s, cache)
 
   # 4. Losses.
   if cfg.loss == "flat_ce":  # the official recipe: unweighted CE on every token of canvas s
