@@ -57,7 +57,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   c.model_preset = "small_dense"
   c.model = ml_collections.ConfigDict(dict(
-      vocab_size=sudoku_task.DIGIT_VOCAB_SIZE, width=width, num_layers=layers, num_heads=heads,
+      vocab_size=sudoku_task.DIGIT_VOCAB_SIZE, width=width, num_layers=layers, num_heads=heads, mlp_hidden=4 * width,
       canvas_length=81, stop_ids=(sudoku_task.EOS_ID,), remat=False,
       # Small models from scratch need to know which cell a token is; Gemma itself has no learned positions.
       # "cells": segment + row + column + box embeddings (sudoku_task.cell_position_features), shared by a
@@ -80,6 +80,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # solved after 2,800 steps (README Results: 17.7% and 20.8% in two runs, 8.3% without). The official AR
       # loss (ar_loss_weight=1.0) costs more than it brings on a 2-core CPU; `official=true` restores it.
       self_cond_prob=0.5, ar_loss_weight=1.0 if official else 0.0,
+      self_cond_passes=1,  # no-gradient passes before the scored one (> 1: each fed the previous logits)
       ar_targets="all",  # "canvas": the AR loss only on the canvas (the prompt is given, never predicted)
       # Not in the official recipe: the share of examples whose corrupted cells are the ones a solver deduces
       # last (corruption.corrupt_in_order), so that training canvases look like the sampler's half-solved ones.

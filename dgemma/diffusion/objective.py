@@ -99,7 +99,16 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
   if cfg.self_cond_prob > 0:
     # The no-signal first pass (as the sampler's first step) runs only on the rows that will use it.
     rows = self_conditioning_rows(sc_rng, b, cfg.self_cond_prob)
-    first_k = jax.lax.stop_gradient(denoise(xt_s[rows], jax.tree_util.tree_map(lambda x: x[rows], cache)))
+    xt_k, cache_k = xt_s[rows], jax.tree_util.tree_map(lambda x: x[rows], cache)
+    first_k = denoise(xt_k, cache_k)
+    # More passes (a research option): the signal then comes from logits that were themselves
+    # self-conditioned, as it does at the sampler's later steps.
+    passes = cfg.get("self_cond_passes", 1)
+    if passes < 1:
+      raise ValueError(f"diffusion.self_cond_passes must be >= 1, got {passes}")
+    for _ in range(passes - 1):
+      first_k = denoise(xt_k, cache_k, first_k, jnp.ones((xt_k.shape[0],), bool))
+    first_k = jax.lax.stop_gradient(first_k)
     first = jnp.zeros((b,) + first_k.shape[1:], first_k.dtype).at[rows].set(first_k)
     use_sc = jnp.zeros((b,), bool).at[rows].set(True)
     logits = denoise(xt_s, cache, first, use_sc)

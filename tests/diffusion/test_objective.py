@@ -61,20 +61,23 @@ def test_training_view_equals_sampler_view():
   np.testing.assert_allclose(train_view, sampler_view, atol=1e-5)
 
 
-@pytest.mark.parametrize("self_cond_prob", [0.0, 0.5])
-def test_diffusion_loss_covers_exactly_canvas_s(self_cond_prob):
+@pytest.mark.parametrize("self_cond_prob,passes", [(0.0, 1), (0.5, 1), (0.5, 3)])
+def test_diffusion_loss_covers_exactly_canvas_s(self_cond_prob, passes):
   """The diffusion loss equals the CE of canvas s's clean tokens given its noisy version, masked by
   canvas_mask, recomputed example by example with the sampler-style prefix cache. With self-conditioning, the
-  chosen rows are denoised twice, as the sampler's first two steps: no signal, then the first pass's logits."""
+  chosen rows are denoised twice, as the sampler's first two steps: no signal, then the first pass's logits
+  (with `self_cond_passes` = 3, two more passes feeding each its predecessor's logits come before the scored one)."""
   params = model.init_params(CONFIG, jax.random.key(1))
+  # A strong self-conditioning branch, so that the number of passes shows in the loss.
+  params["self_conditioning"]["mlp"] = jax.tree_util.tree_map(lambda w: 30 * w, params["self_conditioning"]["mlp"])
   rng = np.random.default_rng(1)
   batch = {"prompt": jnp.asarray(rng.integers(3, 64, (4, 5)), jnp.int32),
            "canvas": jnp.asarray(rng.integers(3, 64, (4, 8)), jnp.int32),
            "canvas_mask": jnp.asarray([[1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0],
                                        [1] * 8, [1, 1, 1, 1, 1, 0, 0, 0]], bool)}
   key = jax.random.key(7)
-  _, metrics = jax.jit(lambda p: objective.loss_fn(p, CONFIG, _cfg(self_cond_prob=self_cond_prob), batch,
-                                                   key))(params)
+  cfg = _cfg(self_cond_prob=self_cond_prob, self_cond_passes=passes)
+  _, metrics = jax.jit(lambda p: objective.loss_fn(p, CONFIG, cfg, batch, key))(params)
   t_rng, noise_rng, s_rng, sc_rng = jax.random.split(key, 4)
   t = corruption.sample_t(t_rng, 4, 1e-4)
   x_t, _ = corruption.corrupt(noise_rng, batch["canvas"], 1.0 - t, CONFIG.vocab_size)
@@ -93,7 +96,8 @@ def test_diffusion_loss_covers_exactly_canvas_s(self_cond_prob):
     noisy = x_t[b:b + 1, 4 * sb:4 * sb + 4]
     logits = model.denoise(params, CONFIG, noisy, cache)
     if b in sc_rows:
-      logits = model.denoise(params, CONFIG, noisy, cache, logits)
+      for _ in range(passes):
+        logits = model.denoise(params, CONFIG, noisy, cache, logits)
     ce = losses.token_cross_entropy(logits, x0)[0]
     mask = batch["canvas_mask"][b, 4 * sb:4 * sb + 4]
     expected.append(float(jnp.sum(ce * mask) / jnp.sum(mask)))
