@@ -32,14 +32,15 @@ flags.DEFINE_string("prompts_file", None, "A file with one prompt (or puzzle) pe
 flags.DEFINE_enum("chat", "auto", ["auto", "on", "off"],
                   "Wrap text prompts in the tokenizer's chat template (auto: when it has one).", **_D)
 flags.DEFINE_integer("max_new_tokens", 256, "Generate canvases until at least this many tokens.", **_D)
-flags.DEFINE_integer("steps", 48, "Maximum denoising steps per canvas.", **_D)
-flags.DEFINE_float("entropy_bound", 0.1, "Entropy budget of the acceptance rule.", **_D)
-flags.DEFINE_float("t_max", 0.8, "Temperature at the first step.", **_D)
-flags.DEFINE_float("t_min", 0.4, "Temperature the schedule approaches at the last step.", **_D)
-flags.DEFINE_enum("schedule", "linear", ["linear", "cosine", "constant"], "Temperature schedule.", **_D)
-flags.DEFINE_bool("adaptive_stopping", True, "Stop a row's canvas once it is stable and confident.", **_D)
-flags.DEFINE_integer("stability_threshold", 1, "Previous argmax canvases that must match to stop.", **_D)
-flags.DEFINE_float("confidence_threshold", 0.005, "Mean entropy below which a canvas is confident.", **_D)
+# Sampler knobs left unset take the checkpoint's recorded defaults, else the released model's (in brackets).
+flags.DEFINE_integer("steps", None, "Maximum denoising steps per canvas [48].", **_D)
+flags.DEFINE_float("entropy_bound", None, "Entropy budget of the acceptance rule [0.1].", **_D)
+flags.DEFINE_float("t_max", None, "Temperature at the first step [0.8].", **_D)
+flags.DEFINE_float("t_min", None, "Temperature the schedule approaches at the last step [0.4].", **_D)
+flags.DEFINE_enum("schedule", None, ["linear", "cosine", "constant"], "Temperature schedule [linear].", **_D)
+flags.DEFINE_bool("adaptive_stopping", None, "Stop a row's canvas once it is stable and confident [true].", **_D)
+flags.DEFINE_integer("stability_threshold", None, "Previous argmax canvases that must match to stop [1].", **_D)
+flags.DEFINE_float("confidence_threshold", None, "Mean entropy below which a canvas is confident [0.005].", **_D)
 flags.DEFINE_integer("canvas_length", 0, "Canvas length (0: the model's).", **_D)
 flags.DEFINE_string("stop_ids", None, "Comma-separated stop token ids (default: the model's).", **_D)
 flags.DEFINE_enum("self_conditioning", "auto", ["auto", "on", "off"],
@@ -161,11 +162,11 @@ def _prompts() -> list[str]:
   return lines
 
 
-def _sampler_config():
-  from dgemma.sampling import SamplerConfig
-  return SamplerConfig(
-      max_denoising_steps=FLAGS.steps, entropy_bound=FLAGS.entropy_bound, t_max=FLAGS.t_max, t_min=FLAGS.t_min,
-      schedule=FLAGS.schedule, adaptive_stopping=FLAGS.adaptive_stopping,
+def _sampler_config(metadata: dict | None = None):
+  from dgemma.sampling import sampler_config
+  return sampler_config(
+      metadata, max_denoising_steps=FLAGS.steps, entropy_bound=FLAGS.entropy_bound, t_max=FLAGS.t_max,
+      t_min=FLAGS.t_min, schedule=FLAGS.schedule, adaptive_stopping=FLAGS.adaptive_stopping,
       stability_threshold=FLAGS.stability_threshold, confidence_threshold=FLAGS.confidence_threshold,
       max_new_tokens=FLAGS.max_new_tokens, canvas_length=FLAGS.canvas_length or None,
       stop_ids=None if FLAGS.stop_ids is None else tuple(_int_list(FLAGS.stop_ids, "--stop_ids")),
@@ -211,7 +212,6 @@ def run() -> int:
   sharding.maybe_initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   say = print if jax.process_index() == 0 else (lambda *a, **k: None)  # only process 0 talks
   prompts = _prompts()
-  sampler = _sampler_config()  # bad knob values fail here, before the checkpoint is read
   if FLAGS.show_steps_gif:
     try:
       import PIL  # noqa: F401
@@ -219,7 +219,8 @@ def run() -> int:
       raise ValueError("--show_steps_gif needs Pillow (pip install pillow); --show_steps_html needs nothing") \
           from None
   config, params, metadata = _load(FLAGS.ckpt)
-  sampler = dataclasses.replace(sampler, self_conditioning=self_conditioning_for(metadata, FLAGS.self_conditioning))
+  sampler = dataclasses.replace(_sampler_config(metadata),  # knobs: the flags, else the checkpoint's
+                                self_conditioning=self_conditioning_for(metadata, FLAGS.self_conditioning))
   if FLAGS.moe_impl is not None:  # how the experts are computed, not what: any checkpoint takes any choice
     config = config.replace(moe_impl=FLAGS.moe_impl)
   task = None

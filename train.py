@@ -134,6 +134,14 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   # sampler feeds it only then (sampling.self_conditioning_for).
   task_metadata["self_conditioning"] = bool(c.diffusion.self_cond_prob > 0 or (
       c.init_from and sampling.self_conditioning_for(init_metadata)))
+  # The model's own sampling defaults (read back by sample.py, eval_sudoku.py and the evaluations): the
+  # config's `sampler` section, else those of the checkpoint we start from.
+  if c.get("sampler"):
+    task_metadata["sampler"] = c.sampler.to_dict()
+  elif c.init_from and (init_metadata or {}).get("sampler"):
+    task_metadata["sampler"] = dict(init_metadata["sampler"])
+  if "sampler" in task_metadata:
+    sampling.sampler_config(task_metadata)  # a bad knob fails now, not at the first evaluation
   data_iter = iter(dataset)
   if lead:
     checkpointing.write_run_info(workdir, config, task_metadata)

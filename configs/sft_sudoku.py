@@ -94,6 +94,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict(dict(every={"debug": 0, "small": 400}.get(args.size, 1000), num_puzzles=128,
                                           seed=777, max_steps=48))
 
+  # The model's own sampling defaults, recorded in its checkpoint (sample.py, eval_sudoku.py and the evaluations
+  # above use them unless flags say otherwise).
+  c.sampler = ml_collections.ConfigDict(dict(t_max=0.8, t_min=0.4))
+
   c.optimizer = ml_collections.ConfigDict(dict(
       name="adam", learning_rate=3e-3, end_learning_rate=3e-4, warmup_steps=100 if steps > 100 else 1,
       decay_steps=steps, b1=0.95, b2=0.99, eps=1e-8, weight_decay=1e-4, grad_clip_norm=1.0,

@@ -13,7 +13,6 @@ difficulty: clue-count buckets as the official eval (easy >= 40, medium 30-39, h
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -32,14 +31,15 @@ flags.DEFINE_string("data", None, "Puzzles: a .csv or an .npz from generate_data
 flags.DEFINE_integer("limit", 0, "Evaluate only the first N puzzles (0: all).", **_D)
 flags.DEFINE_integer("batch_size", 64, "Puzzles per batch.", **_D)
 flags.DEFINE_enum("mode", "diffusion", ["diffusion", "ar", "both"], "Which decoder(s) to evaluate.", **_D)
-flags.DEFINE_integer("max_steps", 48, "Maximum denoising steps.", **_D)
-flags.DEFINE_bool("adaptive_stopping", True, "Stop a puzzle once stable and confident.", **_D)
-flags.DEFINE_float("entropy_bound", 0.1, "Entropy budget of the acceptance rule.", **_D)
-flags.DEFINE_float("t_max", 0.8, "Temperature at the first step.", **_D)
-flags.DEFINE_float("t_min", 0.4, "Temperature approached at the last step.", **_D)
-flags.DEFINE_enum("schedule", "linear", ["linear", "cosine", "constant"], "Temperature schedule.", **_D)
-flags.DEFINE_integer("stability_threshold", 1, "Previous argmax canvases that must match to stop.", **_D)
-flags.DEFINE_float("confidence_threshold", 0.005, "Mean entropy below which a canvas is confident.", **_D)
+# Sampler knobs left unset take the checkpoint's recorded defaults, else the released model's (in brackets).
+flags.DEFINE_integer("max_steps", None, "Maximum denoising steps [48].", **_D)
+flags.DEFINE_bool("adaptive_stopping", None, "Stop a puzzle once stable and confident [true].", **_D)
+flags.DEFINE_float("entropy_bound", None, "Entropy budget of the acceptance rule [0.1].", **_D)
+flags.DEFINE_float("t_max", None, "Temperature at the first step [0.8].", **_D)
+flags.DEFINE_float("t_min", None, "Temperature approached at the last step [0.4].", **_D)
+flags.DEFINE_enum("schedule", None, ["linear", "cosine", "constant"], "Temperature schedule [linear].", **_D)
+flags.DEFINE_integer("stability_threshold", None, "Previous argmax canvases that must match to stop [1].", **_D)
+flags.DEFINE_float("confidence_threshold", None, "Mean entropy below which a canvas is confident [0.005].", **_D)
 flags.DEFINE_enum("self_conditioning", "auto", ["auto", "on", "off"],
                   "Feed each step the previous logits (auto: on if the checkpoint was trained with it).", **_D)
 flags.DEFINE_float("ar_temperature", 0.0, "Autoregressive baseline temperature (0: greedy).", **_D)
@@ -165,17 +165,13 @@ def _print(name: str, r: dict) -> None:
 
 
 def run() -> int:
-  from dgemma.sampling import SamplerConfig, self_conditioning_for
+  from dgemma.sampling import sampler_config, self_conditioning_for
   from dgemma.sampling import sudoku as sudoku_sampling
 
   if not FLAGS.ckpt or not FLAGS.data:
     raise ValueError("--ckpt and --data are required")
   if FLAGS.batch_size < 1 or FLAGS.limit < 0:
     raise ValueError("--batch_size must be >= 1 and --limit >= 0")
-  sampler = SamplerConfig(
-      max_denoising_steps=FLAGS.max_steps, entropy_bound=FLAGS.entropy_bound, t_max=FLAGS.t_max,
-      t_min=FLAGS.t_min, schedule=FLAGS.schedule, adaptive_stopping=FLAGS.adaptive_stopping,
-      stability_threshold=FLAGS.stability_threshold, confidence_threshold=FLAGS.confidence_threshold)
   if not FLAGS.ar_temperature >= 0:
     raise ValueError(f"--ar_temperature must be >= 0, got {FLAGS.ar_temperature}")
   data = load_data(FLAGS.data, FLAGS.limit)
@@ -187,11 +183,15 @@ def run() -> int:
   except Exception as e:
     raise ValueError(f"cannot load checkpoint {FLAGS.ckpt}: {str(e).splitlines()[0] if str(e) else e!r}") from None
   task = sudoku_sampling.load_task(config, metadata, FLAGS.ckpt)
-  sampler = dataclasses.replace(sampler, self_conditioning=self_conditioning_for(metadata, FLAGS.self_conditioning))
+  sampler = sampler_config(  # knobs: the flags, else the checkpoint's recorded defaults, else the released model's
+      metadata, max_denoising_steps=FLAGS.max_steps, entropy_bound=FLAGS.entropy_bound, t_max=FLAGS.t_max,
+      t_min=FLAGS.t_min, schedule=FLAGS.schedule, adaptive_stopping=FLAGS.adaptive_stopping,
+      stability_threshold=FLAGS.stability_threshold, confidence_threshold=FLAGS.confidence_threshold,
+      self_conditioning=self_conditioning_for(metadata, FLAGS.self_conditioning))
 
-  settings = {"ckpt": FLAGS.ckpt, "task": task.name, "data": FLAGS.data, "max_steps": FLAGS.max_steps,
-              "adaptive_stopping": FLAGS.adaptive_stopping, "t_max": FLAGS.t_max, "t_min": FLAGS.t_min,
-              "schedule": FLAGS.schedule, "entropy_bound": FLAGS.entropy_bound,
+  settings = {"ckpt": FLAGS.ckpt, "task": task.name, "data": FLAGS.data, "max_steps": sampler.max_denoising_steps,
+              "adaptive_stopping": sampler.adaptive_stopping, "t_max": sampler.t_max, "t_min": sampler.t_min,
+              "schedule": sampler.schedule, "entropy_bound": sampler.entropy_bound,
               "self_conditioning": sampler.self_conditioning, "seed": FLAGS.seed,
               "batch_size": FLAGS.batch_size}
   modes = ["diffusion", "ar"] if FLAGS.mode == "both" else [FLAGS.mode]

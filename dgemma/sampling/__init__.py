@@ -6,8 +6,8 @@ backbone, Sudoku solving, and step-by-step display.
 """
 
 from dgemma.sampling.autoregressive import ARConfig, AROutput, compile_autoregressive, generate_autoregressive
-from dgemma.sampling.generate import (GenerateOutput, SamplerConfig, compile_generate, generate,
+from dgemma.sampling.generate import (GenerateOutput, SamplerConfig, compile_generate, generate, sampler_config,
                                       self_conditioning_for)
 
-__all__ = ["SamplerConfig", "GenerateOutput", "generate", "compile_generate", "self_conditioning_for",
+__all__ = ["SamplerConfig", "GenerateOutput", "generate", "compile_generate", "self_conditioning_for", "sampler_config",
            "ARConfig", "AROutput", "generate_autoregressive", "compile_autoregressive"]

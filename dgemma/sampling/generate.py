@@ -85,6 +85,22 @@ class SamplerConfig:
     return math.ceil(self.max_new_tokens / canvas_length)
 
 
+# The knobs a checkpoint may record as its own sampling defaults (HF keeps them in generation_config.json).
+RECORDABLE = ("max_denoising_steps", "entropy_bound", "t_max", "t_min", "schedule", "adaptive_stopping",
+              "stability_threshold", "confidence_threshold")
+
+
+def sampler_config(metadata: dict | None = None, **overrides) -> SamplerConfig:
+  """The sampler for a checkpoint: each knob from `overrides` where given (None: not given), else from the
+  checkpoint's recorded defaults (`metadata["sampler"]`, written by train.py from the config's `sampler`
+  section), else SamplerConfig's (the released model's)."""
+  recorded = dict((metadata or {}).get("sampler") or {})
+  unknown = sorted(set(recorded) - set(RECORDABLE))
+  if unknown:
+    raise ValueError(f"checkpoint records unknown sampler defaults {unknown}; known: {list(RECORDABLE)}")
+  return SamplerConfig(**{**recorded, **{k: v for k, v in overrides.items() if v is not None}})
+
+
 def self_conditioning_for(metadata: dict | None, choice: str = "auto") -> bool:
   """Whether to self-condition when sampling a checkpoint with this metadata. choice "on" / "off" decides;
   "auto": yes unless its training run recorded that the self-conditioning branch never trained

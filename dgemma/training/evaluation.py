@@ -15,7 +15,7 @@ import numpy as np
 
 from dgemma.config import ModelConfig
 from dgemma.data import sudoku, sudoku_task
-from dgemma.sampling import SamplerConfig, self_conditioning_for
+from dgemma.sampling import sampler_config, self_conditioning_for
 from dgemma.sampling import sudoku as sudoku_solver
 
 Evaluator = Callable[[dict], dict[str, float]]
@@ -36,8 +36,8 @@ def make_evaluator(c: ml_collections.ConfigDict, config: ModelConfig, task_metad
   data = sudoku.generate_dataset(e.num_puzzles, e.seed, c.data.min_clues, c.data.max_clues)
   puzzles, solutions = np.asarray(data["puzzle"]), np.asarray(data["solution"])
   autoregressive = c.diffusion.diffusion_loss_weight == 0  # a model trained only causally is decoded causally
-  sampler = SamplerConfig(max_denoising_steps=e.max_steps,
-                          self_conditioning=self_conditioning_for(task_metadata))
+  sampler = sampler_config(task_metadata, max_denoising_steps=e.max_steps,  # the run's `sampler` knobs
+                           self_conditioning=self_conditioning_for(task_metadata))
 
   def evaluate(params: dict) -> dict[str, float]:
     start = time.perf_counter()

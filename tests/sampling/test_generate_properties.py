@@ -8,7 +8,7 @@ import pytest
 
 from dgemma import model
 from dgemma.config import GLOBAL, LOCAL, tiny_moe
-from dgemma.sampling import SamplerConfig, generate
+from dgemma.sampling import SamplerConfig, generate, sampler_config
 from dgemma.sampling.generate import _generate
 
 STEPS = 10
@@ -149,6 +149,18 @@ def test_sampler_config_defaults_are_the_reference():
 def test_bad_sampler_knobs(bad, message):
   with pytest.raises(ValueError, match=message):
     SamplerConfig(**bad)
+
+
+def test_sampler_config_takes_flags_then_the_checkpoints_defaults_then_the_reference():
+  recorded = {"sampler": {"t_max": 1.2, "t_min": 1.0, "entropy_bound": 0.3}}
+  s = sampler_config(recorded, t_max=None, t_min=0.9, max_denoising_steps=12)
+  assert (s.t_max, s.t_min, s.entropy_bound, s.max_denoising_steps) == (1.2, 0.9, 0.3, 12)
+  assert (s.schedule, s.stability_threshold) == ("linear", 1)  # recorded nowhere: the reference's
+  assert sampler_config(None) == sampler_config({}) == SamplerConfig()
+  with pytest.raises(ValueError, match="unknown sampler defaults \\['temperature'\\]"):
+    sampler_config({"sampler": {"temperature": 1.0}})
+  with pytest.raises(ValueError, match="t_max must be > t_min"):  # a recorded pair checked like flags
+    sampler_config(recorded, t_max=0.5)
 
 
 def test_bad_inputs(tiny):

@@ -170,6 +170,27 @@ def test_eval_script_self_conditioning_follows_the_checkpoint(ckpt, tmp_path, ca
   assert used == {"recorded_off": False, "unrecorded": True, "forced_on": True}
 
 
+def test_eval_script_sampler_knobs_follow_the_checkpoint(ckpt, tmp_path, capsys):
+  """Knobs without a flag come from the checkpoint's recorded defaults, else the released model's; flags win."""
+  path, config, params = ckpt
+  evaluator = _script("scripts/eval_sudoku.py")
+  save_model(str(tmp_path / "hot"), config, params, {"task": {"name": "sudoku_digits", "prompt_len": 82},
+                                                     "sampler": {"t_max": 1.5, "t_min": 1.1, "max_denoising_steps": 3}})
+  used = {}
+  for name, ckpt_dir, flags in (("recorded", tmp_path / "hot", []), ("unrecorded", path / "ckpt", []),
+                                ("flag", tmp_path / "hot", ["--t_min=0.7", "--max_steps=2"])):
+    out = tmp_path / f"{name}.json"
+    rc = evaluator.main(["eval_sudoku.py", f"--ckpt={ckpt_dir}", f"--data={path / 'puzzles.csv'}", *flags,
+                         f"--json_out={out}"])
+    assert rc == 0, capsys.readouterr().err
+    report = json.loads(out.read_text())
+    used[name] = (report["settings"]["t_max"], report["settings"]["t_min"], report["settings"]["max_steps"],
+                  report["mean_steps"])
+  assert used["recorded"][:3] == (1.5, 1.1, 3) and used["recorded"][3] <= 3
+  assert used["unrecorded"][:3] == (0.8, 0.4, 48)
+  assert used["flag"][:3] == (1.5, 0.7, 2) and used["flag"][3] <= 2
+
+
 def test_eval_script_errors(ckpt, tmp_path, capsys):
   path, _, _ = ckpt
   evaluator = _script("scripts/eval_sudoku.py")

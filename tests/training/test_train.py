@@ -134,7 +134,8 @@ def test_evaluation_during_training_is_logged_and_matches_the_saved_model(tmp_pa
   from dgemma.data import sudoku, sudoku_task
   from dgemma.sampling import SamplerConfig
   from dgemma.sampling import sudoku as sudoku_solver
-  c = debug_config(tmp_path, **{"eval.every": 3, "eval.num_puzzles": 4, "eval.max_steps": 6})
+  c = debug_config(tmp_path, **{"eval.every": 3, "eval.num_puzzles": 4, "eval.max_steps": 6,
+                                "sampler.t_max": 1.3, "sampler.t_min": 0.9})
   train.train(c, str(tmp_path / "run"))
   scalars = metrics.read_scalars(str(tmp_path / "run" / "tb"))
   assert [s for s, _ in scalars["eval/cell_accuracy"]] == [3, 6]
@@ -142,9 +143,11 @@ def test_evaluation_during_training_is_logged_and_matches_the_saved_model(tmp_pa
   data = sudoku.generate_dataset(4, c.eval.seed, c.data.min_clues, c.data.max_clues)
   # Trained with self-conditioning (the default self_cond_prob=0.5): recorded, and the evaluation sampled with it.
   assert c.diffusion.self_cond_prob == 0.5 and metadata["self_conditioning"] is True
+  # The config's sampling defaults are recorded with the model, and the evaluation sampled with them.
+  assert metadata["sampler"] == {"t_max": 1.3, "t_min": 0.9}
   result = sudoku_solver.solve(params, sudoku_solver.load_task(config, metadata), np.asarray(data["puzzle"]),
                                jax.random.key(c.eval.seed),
-                               SamplerConfig(max_denoising_steps=6, self_conditioning=True))
+                               SamplerConfig(max_denoising_steps=6, t_max=1.3, t_min=0.9, self_conditioning=True))
   expected = sudoku_task.score(np.asarray(data["puzzle"]), np.asarray(data["solution"]), result.predictions)
   assert scalars["eval/cell_accuracy"][-1][1] == pytest.approx(expected["cell_accuracy"])
   assert scalars["eval/mean_steps"][-1][1] == pytest.approx(float(np.mean(result.steps)))
