@@ -281,7 +281,8 @@ def run() -> int:
   canvases_run = int((steps > 0).any(axis=0).sum())
   passes = steps.sum(axis=1)
   say(f"--- {len(prompts)} prompt(s) · canvas {c} · {canvases_run}/{steps.shape[1]} canvas(es) · "
-        f"mean steps per canvas {steps[steps > 0].mean():.1f} (max {resolved.max_denoising_steps}) · "
+        f"mean steps per canvas {steps[steps > 0].mean():.1f} (max {resolved.max_denoising_steps}; "
+        f"t {resolved.t_max} -> {resolved.t_min}) · "
         f"tokens per forward pass {float(np.mean(np.asarray(out.tokens_per_forward))):.2f} · "
         f"denoiser passes per row {passes.tolist()}")
   say(f"--- time {seconds:.2f} s (+ compile {compile_s:.1f} s) · {num_tokens} tokens · "

@@ -192,9 +192,16 @@ def run() -> int:
   settings = {"ckpt": FLAGS.ckpt, "task": task.name, "data": FLAGS.data, "max_steps": sampler.max_denoising_steps,
               "adaptive_stopping": sampler.adaptive_stopping, "t_max": sampler.t_max, "t_min": sampler.t_min,
               "schedule": sampler.schedule, "entropy_bound": sampler.entropy_bound,
+              "stability_threshold": sampler.stability_threshold,
+              "confidence_threshold": sampler.confidence_threshold,
               "self_conditioning": sampler.self_conditioning, "seed": FLAGS.seed,
               "batch_size": FLAGS.batch_size}
   modes = ["diffusion", "ar"] if FLAGS.mode == "both" else [FLAGS.mode]
+  if "diffusion" in modes:  # the knobs in use: flags, else the checkpoint's recorded ones, else the released
+    stop = f"at mean entropy {sampler.confidence_threshold}" if sampler.adaptive_stopping else "never"
+    print(f"sampler: max {sampler.max_denoising_steps} steps, t {sampler.t_max} -> {sampler.t_min} "
+          f"({sampler.schedule}), entropy bound {sampler.entropy_bound}, stop {stop}, "
+          f"self-conditioning {'on' if sampler.self_conditioning else 'off'}")
   results = {}
   for mode in modes:
     results[mode] = evaluate(params, task, data, mode, sampler, FLAGS.batch_size, FLAGS.seed, FLAGS.ar_temperature)

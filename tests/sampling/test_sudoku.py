@@ -191,6 +191,20 @@ def test_eval_script_sampler_knobs_follow_the_checkpoint(ckpt, tmp_path, capsys)
   assert used["flag"][:3] == (1.5, 0.7, 2) and used["flag"][3] <= 2
 
 
+def test_shipped_checkpoint_solves_with_its_recorded_sampler(capsys):
+  """assets/sudoku-small works right after install: sample.py reads its recorded (hot) sampler and keeps the
+  clues of an easy puzzle (checked against the grid, not the script's own verdict)."""
+  sampler = _script("sample.py")
+  rc = sampler.main(["sample.py", f"--ckpt={ROOT / 'assets/sudoku-small'}", f"--prompt={CLASSIC}"])
+  out = capsys.readouterr().out
+  assert rc == 0
+  assert "t 1.5 -> 1.2" in out  # the checkpoint's sampler, not the released model's 0.8 -> 0.4
+  grid = np.array([[int(d) for d in line.split()] for line in out.splitlines()
+                   if len(line.split()) == 9 and all(d.isdigit() for d in line.split())][:9])
+  puzzle = sudoku.from_string(CLASSIC).reshape(9, 9)
+  assert grid.shape == (9, 9) and np.all((puzzle == 0) | (grid == puzzle))
+
+
 def test_eval_script_errors(ckpt, tmp_path, capsys):
   path, _, _ = ckpt
   evaluator = _script("scripts/eval_sudoku.py")
