@@ -101,8 +101,8 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
     rows = self_conditioning_rows(sc_rng, b, cfg.self_cond_prob)
     xt_k, cache_k = xt_s[rows], jax.tree_util.tree_map(lambda x: x[rows], cache)
     first_k = denoise(xt_k, cache_k)
-    # More passes (a research option): the signal then comes from logits that were themselves
-    # self-conditioned, as it does at the sampler's later steps.
+    # self_cond_passes > 1 (the Sudoku default is 2; the official recipe 1): the signal then comes from logits
+    # that were themselves self-conditioned, as it does at the sampler's later steps.
     passes = cfg.get("self_cond_passes", 1)
     if passes < 1:
       raise ValueError(f"diffusion.self_cond_passes must be >= 1, got {passes}")
