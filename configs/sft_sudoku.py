@@ -84,6 +84,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # first's logits, so the signal looks like the sampler's later steps'. 3% slower steps; at 2,800 steps
       # 73.1 vs 68.7% of blank cells, loss 0.16 vs 0.18 (README Results).
       self_cond_passes=1 if official else 2,
+      self_cond_random_passes=False,  # True: each self-conditioned row draws its pass count from 1..self_cond_passes
+      self_cond_grad_passes=0,  # > 0: the last N passes before the scored one are trained through (backprop)
       ar_targets="all",  # "canvas": the AR loss only on the canvas (the prompt is given, never predicted)
       # Not in the official recipe: the share of examples whose corrupted cells are the ones a solver deduces
       # last (corruption.corrupt_in_order), so that training canvases look like the sampler's half-solved ones.

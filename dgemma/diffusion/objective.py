@@ -106,12 +106,23 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
     passes = cfg.get("self_cond_passes", 1)
     if passes < 1:
       raise ValueError(f"diffusion.self_cond_passes must be >= 1, got {passes}")
-    for _ in range(passes - 1):
-      first_k = denoise(xt_k, cache_k, first_k, jnp.ones((xt_k.shape[0],), bool))
-    first_k = jax.lax.stop_gradient(first_k)
-    first = jnp.zeros((b,) + first_k.shape[1:], first_k.dtype).at[rows].set(first_k)
+    # self_cond_random_passes: each row draws its count from 1..passes, so that the scored pass also sees the
+    # signals of the sampler's early steps (from a no-signal pass, from one self-conditioned pass, ...).
+    count_k = (jax.random.randint(jax.random.fold_in(sc_rng, 1), (xt_k.shape[0],), 1, passes + 1)
+               if cfg.get("self_cond_random_passes", False) else jnp.full((xt_k.shape[0],), passes))
+    # self_cond_grad_passes = g: the last g passes keep their gradient (the loss flows back through the signal
+    # they feed), so the model also learns to make its logits useful to the next step, not only to read them.
+    grad_passes = cfg.get("self_cond_grad_passes", 0)
+    if not 0 <= grad_passes <= passes:
+      raise ValueError(f"diffusion.self_cond_grad_passes must be in 0..self_cond_passes ({passes}), got {grad_passes}")
+    keep_grad = lambda i, logits: logits if i > passes - grad_passes else jax.lax.stop_gradient(logits)
+    signal_k = fed_k = keep_grad(1, first_k)
+    for i in range(2, passes + 1):
+      signal_k = keep_grad(i, denoise(xt_k, cache_k, signal_k, jnp.ones((xt_k.shape[0],), bool)))
+      fed_k = jnp.where((count_k == i)[:, None, None], signal_k, fed_k)
+    fed = jnp.zeros((b,) + fed_k.shape[1:], fed_k.dtype).at[rows].set(fed_k)
     use_sc = jnp.zeros((b,), bool).at[rows].set(True)
-    logits = denoise(xt_s, cache, first, use_sc)
+    logits = denoise(xt_s, cache, fed, use_sc)
   else:
     logits = denoise(xt_s, cache)
 

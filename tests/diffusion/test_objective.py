@@ -61,12 +61,14 @@ def test_training_view_equals_sampler_view():
   np.testing.assert_allclose(train_view, sampler_view, atol=1e-5)
 
 
-@pytest.mark.parametrize("self_cond_prob,passes", [(0.0, 1), (0.5, 1), (0.5, 3)])
-def test_diffusion_loss_covers_exactly_canvas_s(self_cond_prob, passes):
+@pytest.mark.parametrize("self_cond_prob,passes,random_passes", [(0.0, 1, False), (0.5, 1, False), (0.5, 3, False),
+                                                                  (1.0, 3, True)])
+def test_diffusion_loss_covers_exactly_canvas_s(self_cond_prob, passes, random_passes):
   """The diffusion loss equals the CE of canvas s's clean tokens given its noisy version, masked by
   canvas_mask, recomputed example by example with the sampler-style prefix cache. With self-conditioning, the
   chosen rows are denoised twice, as the sampler's first two steps: no signal, then the first pass's logits
-  (with `self_cond_passes` = 3, two more passes feeding each its predecessor's logits come before the scored one)."""
+  (with `self_cond_passes` = 3, two more passes feeding each its predecessor's logits come before the scored one;
+  with `self_cond_random_passes` each row has its own count in 1..3)."""
   params = model.init_params(CONFIG, jax.random.key(1))
   # A strong self-conditioning branch, so that the number of passes shows in the loss.
   params["self_conditioning"]["mlp"] = jax.tree_util.tree_map(lambda w: 30 * w, params["self_conditioning"]["mlp"])
@@ -76,7 +78,7 @@ def test_diffusion_loss_covers_exactly_canvas_s(self_cond_prob, passes):
            "canvas_mask": jnp.asarray([[1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0],
                                        [1] * 8, [1, 1, 1, 1, 1, 0, 0, 0]], bool)}
   key = jax.random.key(7)
-  cfg = _cfg(self_cond_prob=self_cond_prob, self_cond_passes=passes)
+  cfg = _cfg(self_cond_prob=self_cond_prob, self_cond_passes=passes, self_cond_random_passes=random_passes)
   _, metrics = jax.jit(lambda p: objective.loss_fn(p, CONFIG, cfg, batch, key))(params)
   t_rng, noise_rng, s_rng, sc_rng = jax.random.split(key, 4)
   t = corruption.sample_t(t_rng, 4, 1e-4)
@@ -86,6 +88,11 @@ def test_diffusion_loss_covers_exactly_canvas_s(self_cond_prob, passes):
   sc_rows = set(np.asarray(objective.self_conditioning_rows(sc_rng, 4, self_cond_prob)).tolist()
                 if self_cond_prob else [])
   assert len(sc_rows) == round(4 * self_cond_prob)
+  row_passes = dict.fromkeys(sc_rows, passes)
+  if random_passes:
+    counts = np.asarray(jax.random.randint(jax.random.fold_in(sc_rng, 1), (len(sc_rows),), 1, passes + 1))
+    row_passes = dict(zip(sorted(sc_rows), counts.tolist()))
+    assert len(set(row_passes.values())) > 1  # this key gives the rows different counts
   expected = []
   for b in range(4):
     sb = int(s[b])
@@ -96,12 +103,43 @@ def test_diffusion_loss_covers_exactly_canvas_s(self_cond_prob, passes):
     noisy = x_t[b:b + 1, 4 * sb:4 * sb + 4]
     logits = model.denoise(params, CONFIG, noisy, cache)
     if b in sc_rows:
-      for _ in range(passes):
+      for _ in range(row_passes[b]):
         logits = model.denoise(params, CONFIG, noisy, cache, logits)
     ce = losses.token_cross_entropy(logits, x0)[0]
     mask = batch["canvas_mask"][b, 4 * sb:4 * sb + 4]
     expected.append(float(jnp.sum(ce * mask) / jnp.sum(mask)))
   np.testing.assert_allclose(float(metrics["diffusion_loss"]), np.mean(expected), rtol=1e-4)
+
+
+@pytest.mark.parametrize("grad_passes", [0, 1])
+def test_self_conditioning_grad_passes_train_through_the_signal(grad_passes):
+  """With `self_cond_grad_passes` = g the gradient is that of the brute-force loss whose last g passes before
+  the scored one are not behind a stop-gradient (two passes, every row self-conditioned)."""
+  params = model.init_params(CONFIG, jax.random.key(3))
+  params["self_conditioning"]["mlp"] = jax.tree_util.tree_map(lambda w: 30 * w, params["self_conditioning"]["mlp"])
+  rng = np.random.default_rng(3)
+  batch = {"prompt": jnp.asarray(rng.integers(3, 64, (2, 5)), jnp.int32),
+           "canvas": jnp.asarray(rng.integers(3, 64, (2, 4)), jnp.int32), "canvas_mask": jnp.ones((2, 4), bool)}
+  key, passes = jax.random.key(11), 2
+  cfg = _cfg(self_cond_prob=1.0, self_cond_passes=passes, self_cond_grad_passes=grad_passes, ar_loss_weight=0.0)
+  grads = jax.jit(jax.grad(lambda p: objective.loss_fn(p, CONFIG, cfg, batch, key)[0]))(params)
+  t_rng, noise_rng, _, _ = jax.random.split(key, 4)
+  x_t, _ = corruption.corrupt(noise_rng, batch["canvas"], 1.0 - corruption.sample_t(t_rng, 2, 1e-4), CONFIG.vocab_size)
+
+  def brute_force_loss(p):
+    _, cache = model.encode(p, CONFIG, batch["prompt"], model.init_cache(CONFIG, 2, 9))
+    logits = None
+    for i in range(1, passes + 1):
+      logits = model.denoise(p, CONFIG, x_t, cache, logits)
+      if i <= passes - grad_passes:
+        logits = jax.lax.stop_gradient(logits)
+    return jnp.mean(losses.token_cross_entropy(model.denoise(p, CONFIG, x_t, cache, logits), batch["canvas"]))
+
+  expected = jax.grad(brute_force_loss)(params)
+  jax.tree_util.tree_map(lambda g, e: np.testing.assert_allclose(g, e, rtol=2e-3, atol=1e-6), grads, expected)
+  with pytest.raises(ValueError, match="self_cond_grad_passes"):
+    objective.loss_fn(params, CONFIG, _cfg(self_cond_prob=1.0, self_cond_passes=1, self_cond_grad_passes=2),
+                      batch, key)
 
 
 def test_self_conditioning_rows_are_a_random_share_of_the_batch():
