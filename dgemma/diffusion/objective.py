@@ -42,8 +42,9 @@ def take_canvas(x_BxNC: Array, s_B: Int[Array, "B"], canvas_len: int) -> Array:
 
 
 def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, batch: Batch,
-            rng: jax.Array) -> tuple[jax.Array, dict[str, Array]]:
-  """Total loss and per-step metrics. `cfg` is the `diffusion` section of the training config."""
+            rng: jax.Array, step: int | jax.Array = 0) -> tuple[jax.Array, dict[str, Array]]:
+  """Total loss and per-step metrics. `cfg` is the `diffusion` section of the training config; `step` (the
+  training step) matters only to a noise-level curriculum (`t_tilt_steps`)."""
   model = DiffusionGemma(config)
   prompt, canvas, canvas_mask = batch["prompt"], batch["canvas"], batch["canvas_mask"]
   b, p = prompt.shape
@@ -53,7 +54,8 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
   t_rng, noise_rng, s_rng, sc_rng = jax.random.split(rng, 4)
 
   # 1. Noise level and corruption of every canvas.
-  t = corruption.sample_t(t_rng, b, cfg.t_eps)
+  tilt = corruption.tilt_at(step, cfg.get("t_tilt", 0.0), cfg.get("t_tilt_steps", 0))
+  t = corruption.sample_t(t_rng, b, cfg.t_eps, tilt)
   alpha, dalpha = schedules.alpha_and_derivative(cfg.schedule, t)
   x_t, _ = corruption.corrupt(noise_rng, canvas, alpha, config.vocab_size)
   ordered_prob = cfg.get("ordered_noise_prob", 0.0)
@@ -139,5 +141,7 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
   metrics["diffusion_accuracy"] = jnp.mean(losses.masked_mean(correct, mask_s))
   total = total + cfg.diffusion_loss_weight * metrics["diffusion_loss"]
   metrics["loss"] = total
+  if cfg.get("t_tilt", 0.0) > 0:
+    metrics["t_tilt"] = tilt
   metrics["loss_by_t_sum"], metrics["loss_by_t_count"] = losses.noise_bin_stats(diffusion_B, t, cfg.num_noise_bins)
   return total, metrics

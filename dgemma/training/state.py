@@ -69,7 +69,8 @@ def make_train_step(config: ModelConfig, diffusion_cfg: ml_collections.ConfigDic
     rng = jax.random.fold_in(jax.random.key(seed), state.step)
 
     def loss(trainable):
-      return objective.loss_fn(model_params(trainable, state.frozen, config), config, diffusion_cfg, batch, rng)
+      return objective.loss_fn(model_params(trainable, state.frozen, config), config, diffusion_cfg, batch, rng,
+                                state.step)
 
     (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(state.trainable)
     updates, opt_state = tx.update(grads, state.opt_state, state.trainable)

@@ -200,3 +200,29 @@ def test_ordered_noise_needs_a_rank_and_trains_with_one():
   loss, _ = objective.loss_fn(params, CONFIG, cfg, batch, jax.random.key(1))
   plain, _ = objective.loss_fn(params, CONFIG, _cfg(ar_loss_weight=0.0), batch, jax.random.key(1))
   assert np.isfinite(loss) and loss != plain  # the ranked corruption changed the noisy canvas
+
+
+def test_train_step_draws_noise_levels_with_the_tilt_of_its_step():
+  """With a noise-level curriculum (t_tilt over t_tilt_steps) the train step's loss-by-noise-level counts are
+  those of t drawn with the tilt of the state's own step: the step reaches the objective."""
+  import optax
+  from dgemma.training import state as state_lib
+  params = model.init_params(CONFIG, jax.random.key(1))
+  rng = np.random.default_rng(2)
+  b = 64
+  batch = {"prompt": jnp.asarray(rng.integers(3, 64, (b, 5)), jnp.int32),
+           "canvas": jnp.asarray(rng.integers(3, 64, (b, 4)), jnp.int32), "canvas_mask": jnp.ones((b, 4), bool)}
+  cfg = _cfg(ar_loss_weight=0.0, t_tilt=4.0, t_tilt_steps=10)
+  tx = optax.sgd(0.0)
+  step_fn = state_lib.make_train_step(CONFIG, cfg, tx, seed=5)
+  counts = {}
+  for step in (0, 5, 10):
+    state = state_lib.create(jax.tree.map(jnp.copy, params), tx, 0, jax.random.key(0))  # the step donates it
+    _, metrics = step_fn(state.replace(step=jnp.asarray(step, state.step.dtype)), batch)
+    t_rng = jax.random.split(jax.random.fold_in(jax.random.key(5), step), 4)[0]
+    t = np.asarray(corruption.sample_t(t_rng, b, 1e-4, 4.0 * min(1.0, step / 10)))
+    expected = np.bincount(np.minimum((t * 10).astype(int), 9), minlength=10)
+    np.testing.assert_array_equal(np.asarray(metrics["loss_by_t_count"]), expected)
+    counts[step] = expected
+  # The tilt moves draws to heavy noise: at full tilt (density ~ t^4) most fall in t > 0.7.
+  assert counts[10][7:].sum() > counts[0][7:].sum() + 15
