@@ -48,6 +48,9 @@ flags.DEFINE_integer("hf_repeats", 3, "Timed runs of HF generate, after one unti
 flags.DEFINE_enum("moe_impl", "dense", list(MOE_IMPLS),
                   "Our MoE experts: 'dense' (every expert; the fastest on CPU at these sizes) or 'xla' "
                   "(lax.ragged_dot, only the chosen experts). HF is unaffected.", **_D)
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
+                  "Parameter dtype of the random checkpoint; both sides load and run it in that dtype (real "
+                  "DiffusionGemma checkpoints are bfloat16). With --ckpt: the dtype both sides load it in.", **_D)
 flags.DEFINE_integer("seed", 0, "Seed of the random checkpoint, the prompt and the samplers.", **_D)
 flags.DEFINE_string("json_out", None, "Also write the numbers to this JSON file.", **_D)
 
@@ -64,7 +67,8 @@ def _random_checkpoint(path: str):
       local_num_kv_heads=max(heads // 2, 1), local_head_dim=64, global_num_kv_heads=1, global_head_dim=128,
       mlp_hidden=2 * FLAGS.width, num_experts=FLAGS.experts, top_k_experts=min(2, FLAGS.experts),
       expert_hidden=FLAGS.width // 2, sliding_window=128,
-      layer_types=tuple(LOCAL for _ in range(FLAGS.layers - 1)) + (GLOBAL,), canvas_length=FLAGS.canvas)
+      layer_types=tuple(LOCAL for _ in range(FLAGS.layers - 1)) + (GLOBAL,), canvas_length=FLAGS.canvas,
+      param_dtype=FLAGS.dtype)
   save_hf(path, config, model.init_params(config, jax.random.key(FLAGS.seed)))
 
 
@@ -100,7 +104,7 @@ def _bare_program(config, steps: int, canvas_len: int, cache_len: int):
       has_sc = jnp.broadcast_to(k > 0, (b,))
       return model.apply(variables, canvas, cache, sc, has_sc, method=DiffusionGemma.denoise)
 
-    sc = jnp.zeros((b, canvas_len, config.vocab_size), jnp.dtype(config.param_dtype))
+    sc = jnp.zeros((b, canvas_len, config.vocab_size), jnp.float32)  # the logits are float32 (unembed)
     return jnp.sum(jax.lax.fori_loop(0, steps, body, sc))
 
   return run
@@ -123,7 +127,8 @@ def run() -> dict:
     path = os.path.join(tmp.name, "hf")
     _random_checkpoint(path)
   config, params = load_hf(path)
-  config = config.replace(canvas_length=FLAGS.canvas, moe_impl=FLAGS.moe_impl)
+  params = jax.tree.map(lambda x: x.astype(FLAGS.dtype), params)
+  config = config.replace(canvas_length=FLAGS.canvas, moe_impl=FLAGS.moe_impl, param_dtype=FLAGS.dtype)
   c, n_steps, b = FLAGS.canvas, FLAGS.steps, FLAGS.batch
   new_tokens = FLAGS.canvases * c
   rng = np.random.default_rng(FLAGS.seed)
@@ -145,7 +150,7 @@ def run() -> dict:
   from transformers import DiffusionGemmaForBlockDiffusion
   from transformers.utils import logging as hf_logging
   hf_logging.set_verbosity_error()
-  hf = DiffusionGemmaForBlockDiffusion.from_pretrained(path, dtype=torch.float32).eval()
+  hf = DiffusionGemmaForBlockDiffusion.from_pretrained(path, dtype=getattr(torch, FLAGS.dtype)).eval()
   hf.config.canvas_length = c
   torch.manual_seed(FLAGS.seed)
   hf_kwargs = dict(max_new_tokens=new_tokens, max_denoising_steps=n_steps, eos_token_id=[], pad_token_id=-1)
@@ -190,7 +195,7 @@ def run() -> dict:
   results["overhead"] = dict(sampler_s=t_sampler, bare_s=t_bare, sampler_step_ms=1e3 * t_sampler / n_steps,
                              bare_step_ms=1e3 * t_bare / n_steps, overhead=ratio - 1.0)
   results["settings"] = dict(ckpt=FLAGS.ckpt or "random", vocab=config.vocab_size, width=config.width,
-                             layers=config.num_layers, experts=config.num_experts,
+                             layers=config.num_layers, experts=config.num_experts, dtype=FLAGS.dtype,
                              moe_impl=config.moe_impl, canvas=c,
                              canvases=FLAGS.canvases, steps=n_steps, prompt_len=FLAGS.prompt_len, batch=b,
                              cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads())
