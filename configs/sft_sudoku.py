@@ -81,6 +81,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # (loss per cell < 0.01 for t < 0.3 from step ~1,200 of the default run), more draws at heavy noise.
       # t_tilt=1 over 1,000 steps, one run: level at max 48 steps (46.7 vs 46.9%), 41.2 vs 34.1% at max 12.
       t_tilt=0.0, t_tilt_steps=0,
+      noise_draws=1,  # > 1: each example denoised at that many noise levels against one prompt encoding
       # Self-conditioning on half the examples, as the official recipe: 14% slower steps, twice the puzzles
       # solved after 2,800 steps (README Results: 17.7% and 20.8% in two runs, 8.3% without). The official AR
       # loss (ar_loss_weight=1.0) costs more than it brings on a 2-core CPU; `official=true` restores it.

@@ -52,10 +52,19 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
   if canvas.shape[1] % c:
     raise ValueError(f"canvas array of length {canvas.shape[1]} is not a whole number of canvases of {c}")
   t_rng, noise_rng, s_rng, sc_rng = jax.random.split(rng, 4)
+  # noise_draws = k (not in the official recipe): each example is denoised at k independent noise levels
+  # against one encoding of its prompt, so the encoder's forward and backward are shared by k denoiser rows.
+  draws = cfg.get("noise_draws", 1)
+  if draws < 1:
+    raise ValueError(f"diffusion.noise_draws must be >= 1, got {draws}")
+  repeat = (lambda x: jnp.repeat(x, draws, axis=0)) if draws > 1 else (lambda x: x)
+  clean, clean_mask = canvas, canvas_mask  # what the encoder reads: b rows
+  canvas, canvas_mask = repeat(canvas), repeat(canvas_mask)  # what the denoiser scores: b·k rows
+  bd = b * draws
 
   # 1. Noise level and corruption of every canvas.
   tilt = corruption.tilt_at(step, cfg.get("t_tilt", 0.0), cfg.get("t_tilt_steps", 0))
-  t = corruption.sample_t(t_rng, b, cfg.t_eps, tilt)
+  t = corruption.sample_t(t_rng, bd, cfg.t_eps, tilt)
   alpha, dalpha = schedules.alpha_and_derivative(cfg.schedule, t)
   x_t, _ = corruption.corrupt(noise_rng, canvas, alpha, config.vocab_size)
   ordered_prob = cfg.get("ordered_noise_prob", 0.0)
@@ -64,13 +73,14 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
       raise ValueError("diffusion.ordered_noise_prob > 0 needs a task whose batches carry 'noise_rank' "
                        "(sudoku_digits)")
     order_rng, pick_rng = jax.random.split(jax.random.fold_in(noise_rng, 1))
-    x_ordered, _ = corruption.corrupt_in_order(order_rng, canvas, alpha, config.vocab_size, batch["noise_rank"])
-    x_t = jnp.where(jax.random.bernoulli(pick_rng, ordered_prob, (b, 1)), x_ordered, x_t)
+    x_ordered, _ = corruption.corrupt_in_order(order_rng, canvas, alpha, config.vocab_size,
+                                               repeat(batch["noise_rank"]))
+    x_t = jnp.where(jax.random.bernoulli(pick_rng, ordered_prob, (bd, 1)), x_ordered, x_t)
   s = select_canvas(s_rng, canvas_mask, c)
 
   # 2. Encoder: causal pass over [prompt ‖ clean canvases] builds the cache and the AR logits.
-  full = jnp.concatenate([prompt, canvas], axis=1)
-  valid = jnp.concatenate([prompt != config.pad_id, canvas_mask], axis=1)
+  full = jnp.concatenate([prompt, clean], axis=1)
+  valid = jnp.concatenate([prompt != config.pad_id, clean_mask], axis=1)
   want_ar = cfg.ar_loss_weight > 0
   # Without the AR loss only what the denoiser reads is encoded: the last canvas is never context.
   enc_len = full.shape[1] if want_ar else full.shape[1] - c
@@ -94,13 +104,15 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
     return total, metrics
 
   # 3. Denoiser on canvas s, seeing the prompt and the clean canvases before s.
+  if draws > 1:
+    cache = jax.tree_util.tree_map(repeat, cache)
   cache = cache.with_end(p + s * c)
   xt_s, x0_s, mask_s = take_canvas(x_t, s, c), take_canvas(canvas, s, c), take_canvas(canvas_mask, s, c)
   denoise = lambda canvas, cache, sc_logits=None, sc_mask=None: model.apply(
       {"params": params}, canvas, cache, sc_logits, sc_mask, method=DiffusionGemma.denoise)
   if cfg.self_cond_prob > 0:
     # The no-signal first pass (as the sampler's first step) runs only on the rows that will use it.
-    rows = self_conditioning_rows(sc_rng, b, cfg.self_cond_prob)
+    rows = self_conditioning_rows(sc_rng, bd, cfg.self_cond_prob)
     xt_k, cache_k = xt_s[rows], jax.tree_util.tree_map(lambda x: x[rows], cache)
     first_k = denoise(xt_k, cache_k)
     # self_cond_passes > 1 (the Sudoku default is 2; the official recipe 1): the signal then comes from logits
@@ -122,8 +134,8 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
     for i in range(2, passes + 1):
       signal_k = keep_grad(i, denoise(xt_k, cache_k, signal_k, jnp.ones((xt_k.shape[0],), bool)))
       fed_k = jnp.where((count_k == i)[:, None, None], signal_k, fed_k)
-    fed = jnp.zeros((b,) + fed_k.shape[1:], fed_k.dtype).at[rows].set(fed_k)
-    use_sc = jnp.zeros((b,), bool).at[rows].set(True)
+    fed = jnp.zeros((bd,) + fed_k.shape[1:], fed_k.dtype).at[rows].set(fed_k)
+    use_sc = jnp.zeros((bd,), bool).at[rows].set(True)
     logits = denoise(xt_s, cache, fed, use_sc)
   else:
     logits = denoise(xt_s, cache)

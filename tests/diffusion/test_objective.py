@@ -226,3 +226,29 @@ def test_train_step_draws_noise_levels_with_the_tilt_of_its_step():
     counts[step] = expected
   # The tilt moves draws to heavy noise: at full tilt (density ~ t^4) most fall in t > 0.7.
   assert counts[10][7:].sum() > counts[0][7:].sum() + 15
+
+
+@pytest.mark.parametrize("self_cond_prob,ar_weight", [(0.0, 1.0), (1.0, 0.0)])
+def test_noise_draws_equal_a_batch_of_repeated_examples(self_cond_prob, ar_weight):
+  """noise_draws=k shares one prompt encoding among k noisy copies of each example: loss and gradients equal
+  those of the batch with every example written k times (consecutively), drawn with the same key; only the
+  encoder's work differs. The AR loss is the encoder's, so it is the same either way."""
+  params = model.init_params(CONFIG, jax.random.key(4))
+  rng = np.random.default_rng(4)
+  b, k = 3, 2
+  batch = {"prompt": jnp.asarray(rng.integers(3, 64, (b, 5)), jnp.int32),
+           "canvas": jnp.asarray(rng.integers(3, 64, (b, 8)), jnp.int32),
+           "canvas_mask": jnp.asarray([[1] * 8, [1] * 5 + [0] * 3, [1] * 8], bool)}
+  repeated = {key: jnp.repeat(value, k, axis=0) for key, value in batch.items()}
+  cfg = dict(self_cond_prob=self_cond_prob, self_cond_passes=2, ar_loss_weight=ar_weight)
+  grad = lambda c, bt: jax.value_and_grad(
+      lambda p: objective.loss_fn(p, CONFIG, c, bt, jax.random.key(9)), has_aux=True)(params)
+  (loss_k, metrics_k), grads_k = grad(_cfg(noise_draws=k, **cfg), batch)
+  (loss_rep, metrics_rep), grads_rep = grad(_cfg(**cfg), repeated)
+  np.testing.assert_allclose(float(loss_k), float(loss_rep), rtol=1e-6)
+  np.testing.assert_array_equal(np.asarray(metrics_k["loss_by_t_count"]), np.asarray(metrics_rep["loss_by_t_count"]))
+  assert int(np.asarray(metrics_k["loss_by_t_count"]).sum()) == b * k  # every copy drew its own noise level
+  for g_k, g_rep in zip(jax.tree.leaves(grads_k), jax.tree.leaves(grads_rep)):
+    np.testing.assert_allclose(np.asarray(g_k), np.asarray(g_rep), rtol=1e-4, atol=1e-6)
+  with pytest.raises(ValueError, match="noise_draws"):
+    objective.loss_fn(params, CONFIG, _cfg(noise_draws=0), batch, jax.random.key(0))
