@@ -104,9 +104,7 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
     return total, metrics
 
   # 3. Denoiser on canvas s, seeing the prompt and the clean canvases before s.
-  if draws > 1:
-    cache = jax.tree_util.tree_map(repeat, cache)
-  cache = cache.with_end(p + s * c)
+  cache = jax.tree_util.tree_map(repeat, cache).with_end(p + s * c)
   xt_s, x0_s, mask_s = take_canvas(x_t, s, c), take_canvas(canvas, s, c), take_canvas(canvas_mask, s, c)
   denoise = lambda canvas, cache, sc_logits=None, sc_mask=None: model.apply(
       {"params": params}, canvas, cache, sc_logits, sc_mask, method=DiffusionGemma.denoise)
