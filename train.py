@@ -148,12 +148,20 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   # --- Optimizer and state ------------------------------------------------------------------------
   tx = optimizer.make_optimizer(c.optimizer)
   lr_schedule = optimizer.learning_rate_schedule(c.optimizer)
+  # Moving averages of the weights (none by default): each is evaluated beside the weights and exported as
+  # model_ema<decay>/ next to model/.
+  ema_decays = tuple(float(d) for d in c.optimizer.get("ema_decays", ()))
   state = state_lib.create(params, tx, c.lora_rank, jax.random.key(c.seed + 1), c.optimizer.master_dtype,
-                           mesh=mesh, rules=rules)
+                           mesh=mesh, rules=rules, ema_decays=ema_decays)
   del params
   state_shardings = jax.tree.map(lambda x: x.sharding, state)
   train_step = state_lib.make_train_step(config, c.diffusion, tx, c.seed, state_shardings,
-                                         sharding.batch_sharding(mesh, rules, c.batch_size))
+                                         sharding.batch_sharding(mesh, rules, c.batch_size), ema_decays)
+
+  def weight_sets() -> list[tuple[str, object]]:
+    """(name, trainable weights): the weights themselves ("") and each moving average ("_ema<decay>")."""
+    return [("", state.trainable)] + [(f"_ema{d:g}", state_lib.ema_trainable(state, i, d))
+                                      for i, d in enumerate(ema_decays)]
   # --- Evaluation (held-out puzzle accuracy every eval.every steps, logged as eval/*) ----------------
   evaluator = evaluation.make_evaluator(c, config, task_metadata)
   # --- Resume -------------------------------------------------------------------------------------
@@ -182,12 +190,13 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
       last_scalars = logger.flush(step, {"learning_rate": float(lr_schedule(step - 1))})
 
   def run_eval(step: int) -> None:
-    scores = evaluator(state_lib.model_params(state.trainable, state.frozen, config))
-    logger.write(step, scores)
-    logger.exclude(scores["eval/seconds"])
-    say(f"eval at step {step}: {scores['eval/accuracy']:.1%} of puzzles solved, "
-        f"{scores['eval/cell_accuracy']:.1%} of blank cells right, {scores['eval/mean_steps']:.1f} mean steps "
-        f"({scores['eval/seconds']:.0f} s)", flush=True)
+    for suffix, trainable in weight_sets():  # eval/* for the weights, eval_ema<decay>/* for each average
+      scores = evaluator(state_lib.model_params(trainable, state.frozen, config))
+      logger.write(step, {k.replace("eval/", f"eval{suffix}/"): v for k, v in scores.items()})
+      logger.exclude(scores["eval/seconds"])
+      say(f"eval{suffix} at step {step}: {scores['eval/accuracy']:.1%} of puzzles solved, "
+          f"{scores['eval/cell_accuracy']:.1%} of blank cells right, {scores['eval/mean_steps']:.1f} mean steps "
+          f"({scores['eval/seconds']:.0f} s)", flush=True)
 
   say(f"Training {sum(x.size for x in jax.tree.leaves(state.trainable)):,} parameters "
       f"({'LoRA rank %d' % c.lora_rank if c.lora_rank else 'full'}) for {c.num_train_steps} steps on "
@@ -219,10 +228,12 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
     logger.close()
   # --- Export -------------------------------------------------------------------------------------
   if stop_at_step is None:  # every process takes part in gathering the shards; process 0 writes
-    final = sharding.to_host(state_lib.model_params(state.trainable, state.frozen, config))
-    if lead:
-      checkpoints.save_model(os.path.join(workdir, "model"), config, final, task_metadata)
-      say(f"Saved the final model to {os.path.join(workdir, 'model')}", flush=True)
+    for suffix, trainable in weight_sets():
+      final = sharding.to_host(state_lib.model_params(trainable, state.frozen, config))
+      if lead:
+        checkpoints.save_model(os.path.join(workdir, f"model{suffix}"), config, final, task_metadata)
+        say(f"Saved the final model{' (moving average, decay ' + suffix[4:] + ')' if suffix else ''} to "
+            f"{os.path.join(workdir, 'model' + suffix)}", flush=True)
   return last_scalars
 
 

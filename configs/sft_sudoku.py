@@ -116,7 +116,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.optimizer = ml_collections.ConfigDict(dict(
       name="adam", learning_rate=3e-3, end_learning_rate=3e-4, warmup_steps=100 if steps > 100 else 1,
       decay_steps=steps, b1=0.95, b2=0.99, eps=1e-8, weight_decay=1e-4, grad_clip_norm=1.0,
-      master_dtype="float32"))
+      master_dtype="float32",
+      # Moving averages of the weights, e.g. (0.995, 0.999): each is evaluated during training beside the weights
+      # (eval_ema<decay>/* in TensorBoard) and exported as <workdir>/model_ema<decay>/. None by default.
+      ema_decays=()))
   c.lora_rank = 0  # > 0: train LoRA adapters of this rank instead of all weights
 
   # Scale-out (dgemma/sharding.py): a mesh over all devices of all processes, sizes multiply to the device

@@ -1,7 +1,7 @@
 """Evaluates a Sudoku checkpoint: block diffusion, the autoregressive baseline with the same backbone, or both.
 
   python scripts/eval_sudoku.py --ckpt=PATH --data=FILE.csv [--limit=256] [--max_steps=48]
-      [--adaptive_stopping=false] [--mode=diffusion|ar|both] [--json_out=results.json]
+      [--adaptive_stopping=false] [--mode=diffusion|ar|both] [--samples=1] [--json_out=results.json]
 
 --data is a Kaggle-style CSV (puzzle,solution or quizzes,solutions) or an .npz written by
 `dgemma.data.sudoku.generate_dataset`. The checkpoint may use either Sudoku task (the digit vocabulary or the
@@ -9,6 +9,11 @@ official text format with its tokenizer, see dgemma/sampling/sudoku.py). Reports
 preservation, denoising steps (mean, median), tokens per forward pass and wall time, overall and split by
 difficulty: clue-count buckets as the official eval (easy >= 40, medium 30-39, hard < 30) and our solver label
 (singles: solvable by naked/hidden singles alone; search: needs search).
+
+--samples=K samples every puzzle K times (independent random draws) and answers with the first sample that keeps
+the clues and obeys the rules (a check any Sudoku program can make, without the solution), else the first sample:
+test-time compute, reported apart from the one-sample numbers. Steps and tokens per forward pass then count
+all K samples' denoising steps.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ flags.DEFINE_enum("self_conditioning", "auto", ["auto", "on", "off"],
                   "Feed each step the previous logits (auto: on if the checkpoint was trained with it).", **_D)
 flags.DEFINE_float("ar_temperature", 0.0, "Autoregressive baseline temperature (0: greedy).", **_D)
 flags.DEFINE_integer("seed", 0, "Random seed.", **_D)
+flags.DEFINE_integer("samples", 1, "Samples per puzzle; the answer is the first that obeys the rules.", **_D)
 flags.DEFINE_string("json_out", None, "Also write the numbers to this JSON file.", **_D)
 
 BUCKETS = ("easy", "medium", "hard")
@@ -115,9 +121,9 @@ def _batches(puzzles, batch_size):
     yield chunk, n
 
 
-def evaluate(params, task, data: dict, mode: str, sampler, batch_size: int, seed: int,
-             ar_temperature: float = 0.0) -> dict:
-  """Runs one decoder ("diffusion" or "ar") over all puzzles; returns summarize(...) plus timing."""
+def decode(params, task, puzzles, mode: str, sampler, batch_size: int, seed: int, ar_temperature: float = 0.0):
+  """Runs one decoder ("diffusion" or "ar") over `puzzles` [n, 81] in equal-shape batches: (predictions [n, 81],
+  steps [n], tokens per forward [n], wall seconds, compile seconds)."""
   import jax
   import numpy as np
 
@@ -125,7 +131,6 @@ def evaluate(params, task, data: dict, mode: str, sampler, batch_size: int, seed
   from dgemma.sampling.autoregressive import compile_autoregressive
   from dgemma.sampling.generate import compile_generate
 
-  puzzles = np.asarray(data["puzzle"])
   batch_size = min(batch_size, len(puzzles))
   example, valid = task.prompts(puzzles[:batch_size])
   key = jax.random.key(seed)
@@ -143,8 +148,30 @@ def evaluate(params, task, data: dict, mode: str, sampler, batch_size: int, seed
     steps.append(np.asarray(out.steps_per_canvas[:, 0] if mode == "diffusion" else out.forward_passes)[:n])
     tpf.append(np.asarray(out.tokens_per_forward)[:n])
   wall = time.perf_counter() - start
-  result = summarize(data, np.concatenate(preds), np.concatenate(steps), np.concatenate(tpf))
-  result.update(wall_time_s=wall, compile_time_s=compile_s, puzzles_per_s=len(puzzles) / max(wall, 1e-9))
+  return np.concatenate(preds), np.concatenate(steps), np.concatenate(tpf), wall, compile_s
+
+
+def evaluate(params, task, data: dict, mode: str, sampler, batch_size: int, seed: int,
+             ar_temperature: float = 0.0, samples: int = 1) -> dict:
+  """Runs one decoder over all puzzles; returns summarize(...) plus timing. With `samples` > 1 each puzzle is
+  decoded that many times (consecutive rows, so each has its own random draws) and answered by its first sample
+  that obeys the rules (`sudoku.first_valid_completion`); steps count all its samples."""
+  import numpy as np
+
+  from dgemma.data import sudoku
+
+  puzzles = np.asarray(data["puzzle"])
+  preds, steps, tpf, wall, compile_s = decode(params, task, np.repeat(puzzles, samples, axis=0), mode, sampler,
+                                              batch_size, seed, ar_temperature)
+  if samples > 1:  # one answer per puzzle; the compute of all its samples
+    preds_NxKxC = preds.reshape(len(puzzles), samples, -1)
+    chosen = [sudoku.first_valid_completion(p, c) for p, c in zip(puzzles, preds_NxKxC)]
+    preds = preds_NxKxC[np.arange(len(puzzles)), chosen]
+    steps = steps.reshape(-1, samples).sum(1)
+    tpf = 1.0 / (1.0 / tpf.reshape(-1, samples)).sum(1)
+  result = summarize(data, preds, steps, tpf)
+  result.update(wall_time_s=wall, compile_time_s=compile_s, samples=samples,
+                puzzles_per_s=len(puzzles) / max(wall, 1e-9))
   return result
 
 
@@ -155,7 +182,8 @@ def _print(name: str, r: dict) -> None:
     return (f"  {label:<8} n={g['count']:<5} acc {g['accuracy']:.3f}  cells {g['cell_accuracy']:.3f}  "
             f"clues {g['clue_preservation']:.3f}  steps {g['mean_steps']:.1f} (median {g['median_steps']:.0f})  "
             f"tok/fwd {g['tokens_per_forward']:.2f}")
-  print(f"== {name}: {r['count']} puzzles in {r['wall_time_s']:.2f} s ({r['puzzles_per_s']:.1f}/s; "
+  each = f", {r['samples']} samples each, answered by the first that obeys the rules" if r["samples"] > 1 else ""
+  print(f"== {name}: {r['count']} puzzles{each} in {r['wall_time_s']:.2f} s ({r['puzzles_per_s']:.1f}/s; "
         f"compile {r['compile_time_s']:.1f} s)")
   print(line("all", r))
   for b in BUCKETS:
@@ -170,8 +198,8 @@ def run() -> int:
 
   if not FLAGS.ckpt or not FLAGS.data:
     raise ValueError("--ckpt and --data are required")
-  if FLAGS.batch_size < 1 or FLAGS.limit < 0:
-    raise ValueError("--batch_size must be >= 1 and --limit >= 0")
+  if FLAGS.batch_size < 1 or FLAGS.limit < 0 or FLAGS.samples < 1:
+    raise ValueError("--batch_size and --samples must be >= 1 and --limit >= 0")
   if not FLAGS.ar_temperature >= 0:
     raise ValueError(f"--ar_temperature must be >= 0, got {FLAGS.ar_temperature}")
   data = load_data(FLAGS.data, FLAGS.limit)
@@ -195,7 +223,7 @@ def run() -> int:
               "stability_threshold": sampler.stability_threshold,
               "confidence_threshold": sampler.confidence_threshold,
               "self_conditioning": sampler.self_conditioning, "seed": FLAGS.seed,
-              "batch_size": FLAGS.batch_size}
+              "batch_size": FLAGS.batch_size, "samples": FLAGS.samples}
   modes = ["diffusion", "ar"] if FLAGS.mode == "both" else [FLAGS.mode]
   if "diffusion" in modes:  # the knobs in use: flags, else the checkpoint's recorded ones, else the released
     stop = f"at mean entropy {sampler.confidence_threshold}" if sampler.adaptive_stopping else "never"
@@ -204,7 +232,8 @@ def run() -> int:
           f"self-conditioning {'on' if sampler.self_conditioning else 'off'}")
   results = {}
   for mode in modes:
-    results[mode] = evaluate(params, task, data, mode, sampler, FLAGS.batch_size, FLAGS.seed, FLAGS.ar_temperature)
+    results[mode] = evaluate(params, task, data, mode, sampler, FLAGS.batch_size, FLAGS.seed, FLAGS.ar_temperature,
+                             FLAGS.samples)
     _print("block diffusion" if mode == "diffusion" else "autoregressive", results[mode])
   report = dict(results[modes[0]], mode=modes[0], settings=settings)
   if "ar" in results and modes[0] != "ar":

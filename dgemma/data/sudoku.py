@@ -268,6 +268,17 @@ def is_valid_solution(grid: np.ndarray | Sequence[int]) -> bool:
     return bool((np.sort(units, axis=1) == np.arange(1, 10)).all())
 
 
+def first_valid_completion(puzzle: np.ndarray | Sequence[int], candidates: np.ndarray) -> int:
+    """Index of the first of ``candidates`` ([k, 81]) that keeps every clue of ``puzzle`` and is a valid
+    complete grid (a check of the rules, not of a known solution); 0 when none is."""
+    puzzle = np.asarray(puzzle)
+    clues = puzzle != 0
+    for index, grid in enumerate(np.asarray(candidates)):
+        if (grid[clues] == puzzle[clues]).all() and is_valid_solution(grid):
+            return index
+    return 0
+
+
 def difficulty_bucket(num_clues: int) -> str:
     """Clue-count bucket used by the official eval: easy >= 40, medium 30-39, hard < 30."""
     if num_clues >= 40:

@@ -3,6 +3,10 @@
 Under LoRA the optimizer sees only the adapters (`trainable`) and the base weights sit in `frozen`;
 under full fine-tuning `trainable` is the whole model and `frozen` is None. Trainable weights are kept in
 `master_dtype` (float32) while the forward pass runs in the model's param dtype (e.g. bf16).
+
+With `ema_decays` the state also carries one exponential moving average of the trainable weights per decay d,
+kept unnormalised from zero (e <- d e + (1 - d) p) and divided by 1 - d^step when read (`ema_trainable`), so
+after n updates it is exactly the average of the n weight iterates with weights proportional to d^(n - s).
 """
 
 from __future__ import annotations
@@ -27,23 +31,42 @@ class TrainState:
   trainable: Any
   frozen: Any  # None unless LoRA
   opt_state: Any
+  ema: Any = None  # None, or a tuple of trainable-shaped trees, one per EMA decay (float32, unnormalised)
 
 
 def create(params: dict, tx: optax.GradientTransformation, lora_rank: int, rng: jax.Array,
            master_dtype: str = "float32", mesh: jax.sharding.Mesh | None = None,
-           rules=sharding.DEFAULT_RULES) -> TrainState:
+           rules=sharding.DEFAULT_RULES, ema_decays: tuple[float, ...] = ()) -> TrainState:
   """The initial state. With a mesh, it is built by one jitted program straight into its shardings
   (parameters, LoRA adapters and optimizer state by logical axis; see dgemma/sharding.py)."""
   if mesh is not None:
-    fn = lambda p, r: create(p, tx, lora_rank, r, master_dtype)
+    fn = lambda p, r: create(p, tx, lora_rank, r, master_dtype, ema_decays=ema_decays)
     shardings = sharding.tree_shardings(jax.eval_shape(fn, params, rng), mesh, rules)
     return jax.jit(fn, out_shardings=shardings)(params, rng)
   if lora_rank > 0:
     trainable, frozen = lora.init(params, lora_rank, rng), params
   else:
     trainable, frozen = jax.tree.map(lambda x: x.astype(master_dtype), params), None
+  check_ema_decays(ema_decays)
+  ema = tuple(jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), trainable) for _ in ema_decays) or None
   return TrainState(step=jnp.zeros((), jnp.int32), trainable=trainable, frozen=frozen,
-                    opt_state=tx.init(trainable))
+                    opt_state=tx.init(trainable), ema=ema)
+
+
+def check_ema_decays(ema_decays) -> None:
+  for d in ema_decays:
+    if not 0.0 < d < 1.0:
+      raise ValueError(f"optimizer.ema_decays must lie strictly between 0 and 1, got {d!r}")
+
+
+def ema_trainable(state: TrainState, index: int, decay: float) -> Any:
+  """The `index`-th moving average of the trainable weights, bias-corrected (an average of the iterates).
+  At step 0 there is nothing to average: the current weights."""
+  if state.ema is None:
+    raise ValueError("this train state keeps no moving averages (optimizer.ema_decays is empty)")
+  norm = 1.0 - jnp.float32(decay) ** state.step.astype(jnp.float32)  # on device: no host read of the step
+  return jax.tree.map(lambda e, p: jnp.where(state.step > 0, e / jnp.maximum(norm, 1e-30), p).astype(p.dtype),
+                      state.ema[index], state.trainable)
 
 
 def model_params(trainable, frozen, config: ModelConfig) -> dict:
@@ -55,7 +78,8 @@ def model_params(trainable, frozen, config: ModelConfig) -> dict:
 
 def make_train_step(config: ModelConfig, diffusion_cfg: ml_collections.ConfigDict,
                     tx: optax.GradientTransformation, seed: int, state_shardings: Any = None,
-                    batch_sharding: jax.sharding.Sharding | None = None) -> Callable:
+                    batch_sharding: jax.sharding.Sharding | None = None,
+                    ema_decays: tuple[float, ...] = ()) -> Callable:
   """(state, batch) -> (state, metrics), jitted; the step's randomness is fold_in(key(seed), step), so a
   resumed run draws exactly the numbers an uninterrupted one would (and, JAX's random bits being
   partitionable, the same numbers on any mesh).
@@ -76,7 +100,11 @@ def make_train_step(config: ModelConfig, diffusion_cfg: ml_collections.ConfigDic
     updates, opt_state = tx.update(grads, state.opt_state, state.trainable)
     trainable = optax.apply_updates(state.trainable, updates)
     metrics["grad_norm"] = optax.tree.norm(grads)
-    return state.replace(step=state.step + 1, trainable=trainable, opt_state=opt_state), metrics
+    ema = state.ema
+    if ema is not None:
+      ema = tuple(jax.tree.map(lambda e, p: d * e + (1.0 - d) * p.astype(jnp.float32), tree, trainable)
+                  for d, tree in zip(ema_decays, ema, strict=True))
+    return state.replace(step=state.step + 1, trainable=trainable, opt_state=opt_state, ema=ema), metrics
 
   if state_shardings is None:
     return jax.jit(step_fn, donate_argnums=(0,))

@@ -56,6 +56,20 @@ def test_is_valid_solution_and_buckets():
 # --- Solvers -------------------------------------------------------------------
 
 
+def test_first_valid_completion_checks_clues_and_rules():
+    puzzle = sudoku.from_string(EASY)
+    solution = sudoku.from_string(EASY_SOLUTION)
+    relabelled = (solution % 9) + 1  # obeys the rules, breaks the clues
+    broken = solution.copy()
+    broken[[0, 1]] = broken[[1, 0]]  # keeps the digits, breaks a column (and maybe a clue)
+    broken_blank = solution.copy()
+    broken_blank[np.flatnonzero(puzzle == 0)[0]] = 0  # one blank left unfilled
+    assert sudoku.is_valid_solution(relabelled)
+    assert sudoku.first_valid_completion(puzzle, np.stack([relabelled, broken, broken_blank, solution])) == 3
+    assert sudoku.first_valid_completion(puzzle, np.stack([solution, relabelled])) == 0
+    assert sudoku.first_valid_completion(puzzle, np.stack([broken, relabelled, broken_blank])) == 0  # none valid
+
+
 def test_solve_known_puzzles():
     (easy,) = sudoku.solve(sudoku.from_string(EASY))
     assert sudoku.to_string(easy) == EASY_SOLUTION

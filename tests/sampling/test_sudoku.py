@@ -205,6 +205,28 @@ def test_shipped_checkpoint_solves_with_its_recorded_sampler(capsys):
   assert grid.shape == (9, 9) and np.all((puzzle == 0) | (grid == puzzle))
 
 
+def test_eval_samples_answer_with_a_sample_that_obeys_the_rules(tmp_path):
+  """--samples=K: a puzzle counts as solved exactly when one of its K samples is its (unique) solution, checked
+  here against the solutions, which the script never sees; steps add up over the samples."""
+  from dgemma.checkpoints import load_model
+  from dgemma.sampling import sampler_config
+  evaluator = _script("scripts/eval_sudoku.py")
+  path = str(ROOT / "assets/sudoku-small")
+  config, params, metadata = load_model(path)
+  task = sudoku_sampling.load_task(config, metadata, path)
+  generated = sudoku.generate_dataset(8, 4321, 30, 36)  # generated puzzles have one solution each
+  np.savez(tmp_path / "p.npz", puzzle=generated["puzzle"], solution=generated["solution"])
+  data = evaluator.load_data(str(tmp_path / "p.npz"))
+  sampler, k = sampler_config(metadata, max_denoising_steps=6), 3
+  preds, steps, _, _, _ = evaluator.decode(params, task, np.repeat(data["puzzle"], k, axis=0), "diffusion",
+                                           sampler, batch_size=12, seed=0)
+  right_NxK = (preds.reshape(8, k, 81) == np.asarray(data["solution"])[:, None]).all(-1)
+  report = evaluator.evaluate(params, task, data, "diffusion", sampler, batch_size=12, seed=0, samples=k)
+  assert report["accuracy"] == pytest.approx(right_NxK.any(1).mean())
+  assert report["mean_steps"] == pytest.approx(steps.reshape(8, k).sum(1).mean())
+  assert right_NxK.any() and not right_NxK.all()  # some samples right and some wrong: the choice mattered
+
+
 def test_eval_script_errors(ckpt, tmp_path, capsys):
   path, _, _ = ckpt
   evaluator = _script("scripts/eval_sudoku.py")

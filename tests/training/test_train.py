@@ -41,16 +41,48 @@ def test_loss_goes_down(tmp_path):
   assert loss[-1] < 0.8 * loss[0], loss
 
 
-@pytest.mark.parametrize("ordered_noise_prob", [0.0, 0.5])
-def test_killed_run_resumes_bit_identically(tmp_path, ordered_noise_prob):
-  c = debug_config(tmp_path, **{"diffusion.ordered_noise_prob": ordered_noise_prob})  # 6 steps, checkpoint every 3
+@pytest.mark.parametrize("ordered_noise_prob,ema_decays", [(0.0, ()), (0.5, ()), (0.0, (0.9,))])
+def test_killed_run_resumes_bit_identically(tmp_path, ordered_noise_prob, ema_decays):
+  c = debug_config(tmp_path, **{"diffusion.ordered_noise_prob": ordered_noise_prob,  # 6 steps, checkpoint every 3
+                                "optimizer.ema_decays": ema_decays})
   train.train(c, str(tmp_path / "straight"))
   # "Killed" after 4 steps: the checkpoint at step 3 survives, step 4 is lost and redone on resume.
   train.train(c, str(tmp_path / "resumed"), stop_at_step=4)
   assert checkpointing.Checkpointer(str(tmp_path / "resumed")).latest_step() == 3
   train.train(c, str(tmp_path / "resumed"))
-  a, b = _params(str(tmp_path / "straight")), _params(str(tmp_path / "resumed"))
-  assert jax.tree.all(jax.tree.map(lambda x, y: bool(np.array_equal(x, y)), a, b))
+  for name in ["model"] + [f"model_ema{d:g}" for d in ema_decays]:
+    a = load_model(str(tmp_path / "straight" / name))[1]
+    b = load_model(str(tmp_path / "resumed" / name))[1]
+    assert jax.tree.all(jax.tree.map(lambda x, y: bool(np.array_equal(x, y)), a, b)), name
+
+
+def test_moving_averages_are_the_weighted_average_of_the_iterates(tmp_path):
+  """After n updates the bias-corrected EMA equals sum_s (1 - d) d^(n - s) p_s / (1 - d^n) over the iterates p_s,
+  computed here from the weights recorded after every step."""
+  from dgemma.training import optimizer, state as state_lib
+  from dgemma.training.config_utils import model_config
+  c = debug_config(tmp_path)
+  config = model_config(c.model_preset, c.model.to_dict())
+  decays = (0.9, 0.5)
+  tx = optimizer.make_optimizer(c.optimizer)
+  state = state_lib.create(train.build_model(c)[1], tx, 0, jax.random.key(1), ema_decays=decays)
+  step = state_lib.make_train_step(config, c.diffusion, tx, c.seed, ema_decays=decays)
+  dataset = iter(train.build_data(c, config)[0])
+  iterates = []
+  for _ in range(4):
+    batch = next(dataset)
+    state, _ = step(state, {k: batch[k] for k in ("prompt", "canvas", "canvas_mask")})
+    iterates.append(jax.device_get(state.trainable))
+  n = len(iterates)
+  for i, d in enumerate(decays):
+    weights = [(1 - d) * d ** (n - s) / (1 - d ** n) for s in range(1, n + 1)]
+    expected = jax.tree.map(lambda *ps: sum(w * p for w, p in zip(weights, ps)), *iterates)
+    got = jax.device_get(state_lib.ema_trainable(state, i, d))
+    jax.tree.map(lambda g, e: np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6), got, expected)
+  # The averages differ from the last weights (the test would pass trivially otherwise).
+  assert not np.allclose(jax.tree.leaves(got)[0], jax.tree.leaves(iterates[-1])[0])
+  with pytest.raises(ValueError, match="ema_decays"):
+    state_lib.create(train.build_model(c)[1], tx, 0, jax.random.key(1), ema_decays=(1.0,))
 
 
 def test_tensorboard_has_per_noise_level_tags(tmp_path):
