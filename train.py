@@ -142,6 +142,14 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
     task_metadata["sampler"] = dict(init_metadata["sampler"])
   if "sampler" in task_metadata:
     sampling.sampler_config(task_metadata)  # a bad knob fails now, not at the first evaluation
+  ema_decays = tuple(float(d) for d in c.optimizer.get("ema_decays", ()))
+  if ema_decays:  # which moving averages the checkpoints hold (checkpointing.load_inference reads it)
+    task_metadata["ema_decays"] = list(ema_decays)
+  saved = checkpointing.read_run_info(workdir)  # a run to resume: its checkpoints hold its averages
+  if saved is not None and os.listdir(os.path.join(workdir, "checkpoints")) and \
+      list(saved["metadata"].get("ema_decays", [])) != list(ema_decays):
+    raise ValueError(f"{workdir} was trained with optimizer.ema_decays={tuple(saved['metadata'].get('ema_decays', []))}"
+                     f", this config has {ema_decays}: resume with the same value or use a new workdir")
   data_iter = iter(dataset)
   if lead:
     checkpointing.write_run_info(workdir, config, task_metadata)
@@ -150,7 +158,6 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   lr_schedule = optimizer.learning_rate_schedule(c.optimizer)
   # Moving averages of the weights (none by default): each is evaluated beside the weights and exported as
   # model_ema<decay>/ next to model/.
-  ema_decays = tuple(float(d) for d in c.optimizer.get("ema_decays", ()))
   state = state_lib.create(params, tx, c.lora_rank, jax.random.key(c.seed + 1), c.optimizer.master_dtype,
                            mesh=mesh, rules=rules, ema_decays=ema_decays)
   del params

@@ -4,7 +4,9 @@
   2. transformers' DiffusionGemma `generate` on the same HF checkpoint,
   3. autoregressive decoding with our same backbone (encoder + KV cache, one token per pass),
   4. bare denoiser forward passes (prefill + N denoise calls with self-conditioning, no sampling), to measure
-     the sampler's own per-step overhead.
+     the sampler's own per-step overhead;
+  5. a bound: the FLOPs of one denoising step (XLA's count; and with only the chosen experts, as HF runs them)
+     against this CPU's float32 matmul rate (a large jitted matmul), so the table says how fast a step could be.
 
   python scripts/bench_sampler.py                  # a random HF checkpoint of the size given by the flags
   python scripts/bench_sampler.py --ckpt=HF_DIR    # an existing HF DiffusionGemma directory
@@ -110,6 +112,37 @@ def _bare_program(config, steps: int, canvas_len: int, cache_len: int):
   return run
 
 
+def _step_gflop(params, config, prompt, canvas_len: int) -> float:
+  """XLA's FLOP count of one self-conditioned denoiser pass (the model has no loops, so the count is complete)."""
+  import jax
+  import jax.numpy as jnp
+
+  from dgemma.model.cache import init_cache
+  from dgemma.model.transformer import DiffusionGemma
+  model = DiffusionGemma(config)
+  b = prompt.shape[0]
+  _, cache = model.apply({"params": params}, prompt, init_cache(config, b, prompt.shape[1] + canvas_len), None,
+                         False, method=DiffusionGemma.encode)
+  step = jax.jit(lambda p, canvas, sc: model.apply({"params": p}, canvas, cache, sc, jnp.ones((b,), bool),
+                                                  method=DiffusionGemma.denoise))
+  canvas = jnp.zeros((b, canvas_len), jnp.int32)
+  sc = jnp.zeros((b, canvas_len, config.vocab_size), jnp.float32)
+  cost = step.lower(params, canvas, sc).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost  # older JAX: one dict per program
+  return float(cost["flops"]) / 1e9
+
+
+def _matmul_gflops(n: int = 1024, repeats: int = 10) -> float:
+  """This machine's float32 matmul rate through XLA on an [n, n] @ [n, n] product (the best of `repeats`)."""
+  import jax
+  import jax.numpy as jnp
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  mm = jax.jit(lambda x: x @ x)
+  jax.block_until_ready(mm(a))
+  best = min(_median_time(lambda: mm(a), 1)[0] for _ in range(repeats))
+  return 2 * n ** 3 / best / 1e9
+
+
 def run() -> dict:
   import jax
   import numpy as np
@@ -194,6 +227,18 @@ def run() -> dict:
   ratio = statistics.median(a / b for a, b in zip(sampler_times, bare_times))
   results["overhead"] = dict(sampler_s=t_sampler, bare_s=t_bare, sampler_step_ms=1e3 * t_sampler / n_steps,
                              bare_step_ms=1e3 * t_bare / n_steps, overhead=ratio - 1.0)
+  # 5. The bound: how many FLOPs a step is and how fast this CPU multiplies matrices.
+  gflop = _step_gflop(params, config, prompt, c)
+  # Every layer has the MoE branch; the dense path runs each expert's gate, up and down projection on every token.
+  unchosen = 2 * 3 * config.width * config.expert_hidden * (config.num_experts - config.top_k_experts)
+  sparse_gflop = gflop - (b * c * config.num_layers * unchosen / 1e9 if config.moe_impl == "dense" else 0.0)
+  peak = _matmul_gflops()
+  hf_step_ms = 1e3 * results["transformers"]["seconds"] / (results["transformers"]["steps_per_canvas"]
+                                                           * FLAGS.canvases)
+  results["bound"] = dict(step_gflop=gflop, step_gflop_chosen_experts=sparse_gflop, matmul_gflops=peak,
+                          bare_step_gflops=gflop / (t_bare / n_steps), hf_step_ms=hf_step_ms,
+                          step_ms_for_5x=hf_step_ms / 5,
+                          gflops_for_5x_chosen_experts=sparse_gflop / (hf_step_ms / 5 / 1e3))
   results["settings"] = dict(ckpt=FLAGS.ckpt or "random", vocab=config.vocab_size, width=config.width,
                              layers=config.num_layers, experts=config.num_experts, dtype=FLAGS.dtype,
                              moe_impl=config.moe_impl, canvas=c,
@@ -229,6 +274,13 @@ def report(results: dict) -> str:
   lines += ["", f"sampler overhead over bare denoiser passes (one canvas, all {s['steps']} steps, prefill "
                 f"included): {o['sampler_step_ms']:.2f} ms/step vs {o['bare_step_ms']:.2f} ms/step; median "
                 f"paired ratio {100 * o['overhead']:+.1f}%"]
+  if "bound" in results:
+    d = results["bound"]
+    lines += [f"bound: a denoising step is {d['step_gflop']:.2f} GFLOP as we run it ({d['step_gflop_chosen_experts']:.2f} "
+              f"with only the chosen experts); the bare step runs at {d['bare_step_gflops']:.0f} GFLOP/s against "
+              f"this CPU's {d['matmul_gflops']:.0f} GFLOP/s on a 1024^3 float32 matmul. 5x transformers "
+              f"({d['hf_step_ms']:.1f} ms per step) means a step of {d['step_ms_for_5x']:.2f} ms: "
+              f"{d['gflops_for_5x_chosen_experts']:.0f} GFLOP/s even with only the chosen experts."]
   return "\n".join(lines)
 
 

@@ -37,6 +37,9 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
+  def all_steps(self) -> list[int]:
+    return sorted(self._manager.all_steps())
+
   def save(self, step: int, state: Any, data_state: dict) -> None:
     self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                      data=ocp.args.JsonSave(data_state)))
@@ -67,8 +70,19 @@ def write_run_info(workdir: str, config: ModelConfig, metadata: dict) -> None:
   os.replace(tmp, os.path.join(workdir, RUN_FILE))
 
 
-def load_inference(workdir: str, step: int | None = None) -> tuple[ModelConfig, dict, dict]:
-  """(config, params, metadata) of a run's latest (or given) checkpoint, LoRA merged into the weights."""
+def read_run_info(workdir: str) -> dict | None:
+  """{"model", "metadata"} of a workdir that has checkpoints/ and run.json; None otherwise (a new run)."""
+  run_file = os.path.join(workdir, RUN_FILE)
+  if not (os.path.isdir(os.path.join(workdir, "checkpoints")) and os.path.exists(run_file)):
+    return None
+  with open(run_file) as f:
+    return json.load(f)
+
+
+def load_inference(workdir: str, step: int | None = None,
+                   ema_decay: float | None = None) -> tuple[ModelConfig, dict, dict]:
+  """(config, params, metadata) of a run's latest (or given) checkpoint, LoRA merged into the weights; with
+  `ema_decay`, the run's moving average of that decay (bias-corrected, as train.py exports it)."""
   from dgemma.training.state import model_params  # avoids an import cycle at module load
   run_file = os.path.join(workdir, RUN_FILE)
   if not os.path.exists(run_file):
@@ -90,5 +104,13 @@ def load_inference(workdir: str, step: int | None = None) -> tuple[ModelConfig, 
                         getattr(metadata, "tree", metadata))
   state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
   manager.close()
-  params = model_params(state["trainable"], state.get("frozen"), config)
+  trainable = state["trainable"]
+  if ema_decay is not None:
+    kept = list(info.get("metadata", {}).get("ema_decays", []))
+    if ema_decay not in kept:
+      raise ValueError(f"{workdir} keeps no moving average with decay {ema_decay} (it keeps: {kept or 'none'})")
+    norm = 1.0 - ema_decay ** int(state["step"])
+    trainable = jax.tree.map(lambda e, p: (e / norm).astype(p.dtype) if norm > 0 else p,
+                             state["ema"][kept.index(ema_decay)], trainable)
+  params = model_params(trainable, state.get("frozen"), config)
   return config, jax.device_get(params), info.get("metadata", {})

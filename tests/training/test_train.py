@@ -1,5 +1,6 @@
 """The training run end to end on the debug config: learning, resume, logs, errors."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -54,6 +55,25 @@ def test_killed_run_resumes_bit_identically(tmp_path, ordered_noise_prob, ema_de
     a = load_model(str(tmp_path / "straight" / name))[1]
     b = load_model(str(tmp_path / "resumed" / name))[1]
     assert jax.tree.all(jax.tree.map(lambda x, y: bool(np.array_equal(x, y)), a, b)), name
+  for d in ema_decays:  # the last checkpoint's moving average, read back, is the exported one
+    a = checkpointing.load_inference(str(tmp_path / "resumed"), ema_decay=d)[1]
+    b = load_model(str(tmp_path / "resumed" / f"model_ema{d:g}"))[1]
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6), a, b)
+  if ema_decays:
+    with pytest.raises(ValueError, match="no moving average with decay 0.5"):
+      checkpointing.load_inference(str(tmp_path / "resumed"), ema_decay=0.5)
+    # scripts/export_model.py writes any saved step's average; a step that was not saved is one error line.
+    spec = importlib.util.spec_from_file_location("export_model_under_test", os.path.join(ROOT, "scripts/export_model.py"))
+    export = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(export)
+    out = tmp_path / "ema_at_3"
+    assert export.main(["export_model.py", f"--workdir={tmp_path / 'resumed'}", "--step=3",
+                        f"--ema={ema_decays[0]}", f"--out={out}"]) == 0
+    a = checkpointing.load_inference(str(tmp_path / "resumed"), step=3, ema_decay=ema_decays[0])[1]
+    jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y), a, load_model(str(out))[1])
+    assert export.main(["export_model.py", f"--workdir={tmp_path / 'resumed'}", "--step=4", f"--out={out}"]) == 1
+    with pytest.raises(ValueError, match="ema_decays"):  # resuming with other averages than the checkpoints hold
+      train.train(debug_config(tmp_path, **{"optimizer.ema_decays": ()}), str(tmp_path / "resumed"))
 
 
 def test_moving_averages_are_the_weighted_average_of_the_iterates(tmp_path):
