@@ -142,6 +142,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
     task_metadata["sampler"] = dict(init_metadata["sampler"])
   if "sampler" in task_metadata:
     sampling.sampler_config(task_metadata)  # a bad knob fails now, not at the first evaluation
+  # Moving averages of the weights (none by default): each is evaluated beside the weights and exported as
+  # model_ema<decay>/ next to model/.
   ema_decays = tuple(float(d) for d in c.optimizer.get("ema_decays", ()))
   if ema_decays:  # which moving averages the checkpoints hold (checkpointing.load_inference reads it)
     task_metadata["ema_decays"] = list(ema_decays)
@@ -156,8 +158,6 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   # --- Optimizer and state ------------------------------------------------------------------------
   tx = optimizer.make_optimizer(c.optimizer)
   lr_schedule = optimizer.learning_rate_schedule(c.optimizer)
-  # Moving averages of the weights (none by default): each is evaluated beside the weights and exported as
-  # model_ema<decay>/ next to model/.
   state = state_lib.create(params, tx, c.lora_rank, jax.random.key(c.seed + 1), c.optimizer.master_dtype,
                            mesh=mesh, rules=rules, ema_decays=ema_decays)
   del params
