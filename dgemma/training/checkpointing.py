@@ -83,7 +83,7 @@ def load_inference(workdir: str, step: int | None = None,
                    ema_decay: float | None = None) -> tuple[ModelConfig, dict, dict]:
   """(config, params, metadata) of a run's latest (or given) checkpoint, LoRA merged into the weights; with
   `ema_decay`, the run's moving average of that decay (bias-corrected, as train.py exports it)."""
-  from dgemma.training.state import model_params  # avoids an import cycle at module load
+  from dgemma.training.state import debiased_average, model_params  # avoids an import cycle at module load
   run_file = os.path.join(workdir, RUN_FILE)
   if not os.path.exists(run_file):
     raise FileNotFoundError(f"{workdir} has checkpoints/ but no {RUN_FILE}; is it a dgemma training workdir?")
@@ -109,8 +109,6 @@ def load_inference(workdir: str, step: int | None = None,
     kept = list(info.get("metadata", {}).get("ema_decays", []))
     if ema_decay not in kept:
       raise ValueError(f"{workdir} keeps no moving average with decay {ema_decay} (it keeps: {kept or 'none'})")
-    norm = 1.0 - ema_decay ** int(state["step"])
-    trainable = jax.tree.map(lambda e, p: (e / norm).astype(p.dtype) if norm > 0 else p,
-                             state["ema"][kept.index(ema_decay)], trainable)
+    trainable = debiased_average(state["ema"][kept.index(ema_decay)], trainable, state["step"], ema_decay)
   params = model_params(trainable, state.get("frozen"), config)
   return config, jax.device_get(params), info.get("metadata", {})

@@ -59,14 +59,19 @@ def check_ema_decays(ema_decays) -> None:
       raise ValueError(f"optimizer.ema_decays must lie strictly between 0 and 1, got {d!r}")
 
 
+def debiased_average(ema: Any, trainable: Any, step: Any, decay: float) -> Any:
+  """An unnormalised moving average divided by 1 - decay^step (an average of the iterates); at step 0 there is
+  nothing to average: the current weights. Works on device arrays (no host read of the step) and on numpy."""
+  norm = 1.0 - jnp.float32(decay) ** jnp.asarray(step).astype(jnp.float32)
+  return jax.tree.map(lambda e, p: jnp.where(step > 0, e / jnp.maximum(norm, 1e-30), p).astype(p.dtype),
+                      ema, trainable)
+
+
 def ema_trainable(state: TrainState, index: int, decay: float) -> Any:
-  """The `index`-th moving average of the trainable weights, bias-corrected (an average of the iterates).
-  At step 0 there is nothing to average: the current weights."""
+  """The `index`-th moving average of the trainable weights, bias-corrected."""
   if state.ema is None:
     raise ValueError("this train state keeps no moving averages (optimizer.ema_decays is empty)")
-  norm = 1.0 - jnp.float32(decay) ** state.step.astype(jnp.float32)  # on device: no host read of the step
-  return jax.tree.map(lambda e, p: jnp.where(state.step > 0, e / jnp.maximum(norm, 1e-30), p).astype(p.dtype),
-                      state.ema[index], state.trainable)
+  return debiased_average(state.ema[index], state.trainable, state.step, decay)
 
 
 def model_params(trainable, frozen, config: ModelConfig) -> dict:
