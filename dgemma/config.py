@@ -57,6 +57,10 @@ class ModelConfig:
   # embedding (e.g. Sudoku: segment + row + column + box, so a prompt cell and its canvas cell share rows).
   # Empty: position p uses row p. Positions past the end use the last entry.
   position_features: tuple[tuple[int, ...], ...] = ()
+  # Needs position_features. A learned attention-logit bias per layer, head and *relation* of the query's and the
+  # key's positions, the relation being which of their features are equal (Sudoku: same segment / row / column /
+  # box, 16 relations), in the spirit of T5's relative-position bias. Zero at init (the plain model); not Gemma.
+  relation_bias: bool = False
   # Switches for Gemma 3 backbones (imported from GGUF, dgemma/checkpoints/gguf.py); the defaults are Gemma 4's.
   # Gemma 3 scales queries by query_pre_attn_scalar**-0.5 where Gemma 4 uses 1.0, and has no V-norm.
   query_scale: float = 1.0
@@ -86,6 +90,10 @@ class ModelConfig:
         raise ValueError("position_features must give every position the same number of features")
       if not self.learned_positions or min(ids) < 0 or max(ids) >= self.learned_positions:
         raise ValueError(f"position_features ids must lie in [0, learned_positions={self.learned_positions})")
+    if self.relation_bias and not self.position_features:
+      raise ValueError("relation_bias needs position_features (the relations are equalities of those features)")
+    if self.relation_bias and self.attention_impl != "xla":
+      raise ValueError("relation_bias is implemented for attention_impl='xla' only")
     if not self.query_scale > 0:
       raise ValueError(f"query_scale must be > 0, got {self.query_scale!r}")
 

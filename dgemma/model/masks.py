@@ -11,7 +11,7 @@ Keys of slot s sit at position s. Window W: a local-layer query at position q se
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Int
+from jaxtyping import Array, Bool, Float, Int
 
 
 def encoder_mask(q_pos_BxT: Int[Array, "B T"], key_valid_BxS: Bool[Array, "B S"],
@@ -42,3 +42,16 @@ def denoiser_mask(end_B: Int[Array, "B"], key_valid_BxS: Bool[Array, "B S"], can
   canvas_vis = jnp.ones((b, canvas_len), bool)
   row = jnp.concatenate([cache_vis, canvas_vis], axis=1)  # identical for every canvas query
   return jnp.broadcast_to(row[:, None, :], (b, canvas_len, cap + canvas_len))
+
+
+def shared_features(position_features: tuple[tuple[int, ...], ...], q_pos_BxT: Int[Array, "B T"],
+                    k_pos_BxS: Int[Array, "B S"]) -> Float[Array, "F B T S"]:
+  """For `ModelConfig.relation_bias`: 1.0 where feature f of the query's position equals feature f of the
+  key's (Sudoku: same segment / row / column / box), else 0.0. Positions past the table use its last row (as
+  the position embedding does)."""
+  ids_LxF = jnp.asarray(position_features, jnp.int32)
+  last = ids_LxF.shape[0] - 1
+  q_BxTxF = ids_LxF[jnp.clip(q_pos_BxT, 0, last)]
+  k_BxSxF = ids_LxF[jnp.clip(k_pos_BxS, 0, last)]
+  same_BxTxSxF = q_BxTxF[:, :, None, :] == k_BxSxF[:, None, :, :]
+  return jnp.moveaxis(same_BxTxSxF, -1, 0).astype(jnp.float32)

@@ -26,7 +26,7 @@ class Block(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxTxD: Array, positions_BxT: Array, mask: Array,
-               layer_kv: tuple[Array, Array], write_at: Array | None):
+               layer_kv: tuple[Array, Array], write_at: Array | None, relations: Array | None = None):
     cfg = self.config
     dt = param_dtype(cfg)
     kind = cfg.layer_types[self.layer_idx]
@@ -35,7 +35,7 @@ class Block(nn.Module):
       return RMSNorm(cfg.rms_norm_eps, with_scale=with_scale, dtype=dt, name=name)
 
     attn_out, new_kv = Attention(cfg, kind, name="attn")(
-        norm("pre_attention_norm")(x_BxTxD), positions_BxT, mask, layer_kv, write_at)
+        norm("pre_attention_norm")(x_BxTxD), positions_BxT, mask, layer_kv, write_at, relations)
     x1 = x_BxTxD + norm("post_attention_norm")(attn_out)
 
     ffw = GeGLU(cfg.mlp_hidden, dtype=dt, name="mlp")(norm("pre_mlp_norm")(x1))
@@ -75,11 +75,14 @@ class DiffusionGemma(nn.Module):
     self.final_norm = RMSNorm(cfg.rms_norm_eps, dtype=param_dtype(cfg))
     self.self_conditioning = SelfConditioning(cfg)
 
-  def _layers(self, x, positions, masks_by_kind, cache: KVCache, write_at):
+  def _layers(self, x, positions, masks_by_kind, cache: KVCache, write_at, key_positions):
+    relations = None
+    if self.config.relation_bias:  # shared by every layer
+      relations = masks.shared_features(self.config.position_features, positions, key_positions)
     keys, values = [], []
     for i, block in enumerate(self.blocks):
       kind = self.config.layer_types[i]
-      x, new_kv = block(x, positions, masks_by_kind[kind], (cache.keys[i], cache.values[i]), write_at)
+      x, new_kv = block(x, positions, masks_by_kind[kind], (cache.keys[i], cache.values[i]), write_at, relations)
       if new_kv is not None:
         keys.append(new_kv[0])
         values.append(new_kv[1])
@@ -107,7 +110,8 @@ class DiffusionGemma(nn.Module):
     encoder_mask, _ = self._mask_builders()
     masks_by_kind = {k: encoder_mask(positions, valid, self._window(k)) for k in (LOCAL, GLOBAL)}
     x = self.embedder.encode(tokens_BxT, positions)
-    x, keys, values = self._layers(x, positions, masks_by_kind, cache, start)
+    slots = jnp.broadcast_to(jnp.arange(cache.capacity)[None, :], (b, cache.capacity))  # slot s holds position s
+    x, keys, values = self._layers(x, positions, masks_by_kind, cache, start, slots)
     new_cache = KVCache(keys=tuple(keys), values=tuple(values), valid=valid, end=start + t)
     logits = self.embedder.decode(x) if compute_logits else None
     return logits, new_cache
@@ -127,7 +131,8 @@ class DiffusionGemma(nn.Module):
     x = self.self_conditioning(x, soft)
     _, denoiser_mask = self._mask_builders()
     masks_by_kind = {k: denoiser_mask(cache.end, cache.valid, c, self._window(k)) for k in (LOCAL, GLOBAL)}
-    x, _, _ = self._layers(x, positions, masks_by_kind, cache, None)
+    slots = jnp.broadcast_to(jnp.arange(cache.capacity)[None, :], (b, cache.capacity))
+    x, _, _ = self._layers(x, positions, masks_by_kind, cache, None, jnp.concatenate([slots, positions], axis=1))
     return self.embedder.decode(x)
 
   def __call__(self, tokens_BxT, cache, canvas_BxC):

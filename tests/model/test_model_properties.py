@@ -103,3 +103,87 @@ def test_position_features_share_table_rows():
   np.testing.assert_array_equal(x[0, 1], x[0, 3])
   with pytest.raises(ValueError, match="position_features ids"):
     CONFIG.replace(learned_positions=4, position_features=features)
+
+
+def _sudoku_relation_config(**overrides):
+  from dgemma.data import sudoku_task
+  return CONFIG.replace(canvas_length=81, learned_positions=sudoku_task.CELL_POSITION_ROWS,
+                        position_features=sudoku_task.cell_position_features(), relation_bias=True, **overrides)
+
+
+def test_shared_features_match_the_grid():
+  """Sudoku layout (BOS, 81 clues, 81 canvas cells): the shared-feature bits against row/column/box computed
+  from the cell indices."""
+  from dgemma.data import sudoku_task
+  from dgemma.model.masks import shared_features
+  positions = jnp.arange(163)[None]
+  same_FxBxTxS = np.asarray(shared_features(sudoku_task.cell_position_features(), positions, positions))[:, 0]
+
+  def cell(p):  # (segment, row, column, box) with None for BOS
+    if p == 0:
+      return ("bos", None, None, None)
+    i = (p - 1) if p <= 81 else (p - 82)
+    r, c = divmod(i, 9)
+    return ("prompt" if p <= 81 else "canvas", r, c, (r // 3, c // 3))
+
+  rng = np.random.default_rng(0)
+  for p, q in rng.integers(0, 163, (400, 2)).tolist() + [(1, 82), (5, 90), (0, 0), (0, 82)]:
+    a, b = cell(p), cell(q)
+    expected = [a[0] == b[0]] + [a[k] is not None and a[k] == b[k] for k in (1, 2, 3)]
+    if a[1] is None and b[1] is None:  # BOS with BOS: "no cell" equals "no cell"
+      expected = [True, True, True, True]
+    np.testing.assert_array_equal(same_FxBxTxS[:, p, q], expected, err_msg=f"positions {p}, {q}")
+
+
+def test_relation_bias_starts_as_the_plain_model():
+  config = _sudoku_relation_config()
+  params = model.init_params(config, jax.random.key(7))
+  assert all(np.all(params[f"layer_{i}"]["attn"]["relation_bias"] == 0) for i in range(config.num_layers))
+  plain = config.replace(relation_bias=False)
+  plain_params = jax.tree.map(lambda x: x, params)
+  for i in range(config.num_layers):
+    del plain_params[f"layer_{i}"]["attn"]["relation_bias"]
+  prompt, canvas = _tokens(12, (2, 82)), _tokens(13, (2, 81))
+  _, cache = model.encode(params, config, prompt, model.init_cache(config, 2, 82))
+  _, plain_cache = model.encode(plain_params, plain, prompt, model.init_cache(plain, 2, 82))
+  np.testing.assert_allclose(model.denoise(params, config, canvas, cache),
+                             model.denoise(plain_params, plain, canvas, plain_cache), atol=1e-6)
+
+
+def test_relation_bias_can_confine_attention_to_a_row():
+  """A large weight on "same row" in every head of every layer confines attention to the query's row (each
+  query sees itself, so it always has a same-row key): through the causal prompt pass and the denoiser, a
+  canvas cell's logits then depend on its own row only, in the prompt and in the canvas."""
+  config = _sudoku_relation_config()
+  params = model.init_params(config, jax.random.key(8))
+  for i in range(config.num_layers):
+    weights = np.zeros(params[f"layer_{i}"]["attn"]["relation_bias"].shape, np.float32)
+    weights[1] = 1e4  # features are (segment, row, column, box)
+    params[f"layer_{i}"]["attn"]["relation_bias"] = jnp.asarray(weights)
+
+  def canvas_logits(params, prompt, canvas):
+    _, cache = model.encode(params, config, prompt, model.init_cache(config, 1, 82))
+    return np.asarray(model.denoise(params, config, canvas, cache))[0].reshape(9, 9, -1)  # [row, column, V]
+
+  prompt, canvas = _tokens(14, (1, 82)), _tokens(15, (1, 81))
+  base = canvas_logits(params, prompt, canvas)
+  for which, index, row in (("canvas", 3, 0), ("canvas", 9 * 7 + 2, 7), ("prompt", 1 + 9 * 5 + 8, 5)):
+    tokens = canvas if which == "canvas" else prompt
+    changed = tokens.at[0, index].set((tokens[0, index] + 1) % config.vocab_size)
+    out = canvas_logits(params, changed, canvas) if which == "prompt" else canvas_logits(params, prompt, changed)
+    others = [r for r in range(9) if r != row]
+    np.testing.assert_allclose(out[others], base[others], atol=1e-6, err_msg=f"{which} cell {index}")
+    assert np.abs(out[row] - base[row]).max() > 1e-4, f"{which} cell {index} should change its row"
+  # Without the bias the same change reaches other rows: the confinement above is the bias's doing.
+  plain = jax.tree.map(lambda x: x, params)  # a new dict tree over the same arrays
+  for i in range(config.num_layers):
+    plain[f"layer_{i}"]["attn"]["relation_bias"] = jnp.zeros_like(params[f"layer_{i}"]["attn"]["relation_bias"])
+  changed = canvas.at[0, 3].set((canvas[0, 3] + 1) % config.vocab_size)
+  assert np.abs(canvas_logits(plain, prompt, changed)[1:] - canvas_logits(plain, prompt, canvas)[1:]).max() > 1e-4
+
+
+def test_relation_bias_config_errors():
+  with pytest.raises(ValueError, match="needs position_features"):
+    CONFIG.replace(relation_bias=True)
+  with pytest.raises(ValueError, match="attention_impl='xla'"):
+    _sudoku_relation_config(attention_impl="pallas")
