@@ -57,9 +57,9 @@ class ModelConfig:
   # embedding (e.g. Sudoku: segment + row + column + box, so a prompt cell and its canvas cell share rows).
   # Empty: position p uses row p. Positions past the end use the last entry.
   position_features: tuple[tuple[int, ...], ...] = ()
-  # Needs position_features. A learned attention-logit bias per layer, head and *relation* of the query's and the
-  # key's positions, the relation being which of their features are equal (Sudoku: same segment / row / column /
-  # box, 16 relations), in the spirit of T5's relative-position bias. Zero at init (the plain model); not Gemma.
+  # Needs position_features. A learned attention-logit bias per layer, head and position feature, added to every
+  # (query, key) pair whose positions share that feature (Sudoku: same segment / row / column / box), in the spirit
+  # of T5's relative-position bias. Zero at init (the plain model); not Gemma.
   relation_bias: bool = False
   # Switches for Gemma 3 backbones (imported from GGUF, dgemma/checkpoints/gguf.py); the defaults are Gemma 4's.
   # Gemma 3 scales queries by query_pre_attn_scalar**-0.5 where Gemma 4 uses 1.0, and has no V-norm.

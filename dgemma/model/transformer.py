@@ -26,7 +26,7 @@ class Block(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxTxD: Array, positions_BxT: Array, mask: Array,
-               layer_kv: tuple[Array, Array], write_at: Array | None, relations: Array | None = None):
+               layer_kv: tuple[Array, Array], write_at: Array | None, shared_features: Array | None = None):
     cfg = self.config
     dt = param_dtype(cfg)
     kind = cfg.layer_types[self.layer_idx]
@@ -35,7 +35,7 @@ class Block(nn.Module):
       return RMSNorm(cfg.rms_norm_eps, with_scale=with_scale, dtype=dt, name=name)
 
     attn_out, new_kv = Attention(cfg, kind, name="attn")(
-        norm("pre_attention_norm")(x_BxTxD), positions_BxT, mask, layer_kv, write_at, relations)
+        norm("pre_attention_norm")(x_BxTxD), positions_BxT, mask, layer_kv, write_at, shared_features)
     x1 = x_BxTxD + norm("post_attention_norm")(attn_out)
 
     ffw = GeGLU(cfg.mlp_hidden, dtype=dt, name="mlp")(norm("pre_mlp_norm")(x1))
@@ -76,13 +76,13 @@ class DiffusionGemma(nn.Module):
     self.self_conditioning = SelfConditioning(cfg)
 
   def _layers(self, x, positions, masks_by_kind, cache: KVCache, write_at, key_positions):
-    relations = None
-    if self.config.relation_bias:  # shared by every layer
-      relations = masks.shared_features(self.config.position_features, positions, key_positions)
+    shared = None
+    if self.config.relation_bias:  # computed once, read by every layer
+      shared = masks.shared_features(self.config.position_features, positions, key_positions)
     keys, values = [], []
     for i, block in enumerate(self.blocks):
       kind = self.config.layer_types[i]
-      x, new_kv = block(x, positions, masks_by_kind[kind], (cache.keys[i], cache.values[i]), write_at, relations)
+      x, new_kv = block(x, positions, masks_by_kind[kind], (cache.keys[i], cache.values[i]), write_at, shared)
       if new_kv is not None:
         keys.append(new_kv[0])
         values.append(new_kv[1])
