@@ -29,6 +29,11 @@ class KVCache:
   def capacity(self) -> int:
     return self.valid.shape[1]
 
+  @property
+  def slot_positions(self) -> Int[Array, "B S"]:
+    """The position of the token each slot holds: slot s holds position s (the cache is filled in order)."""
+    return jnp.broadcast_to(jnp.arange(self.capacity)[None, :], self.valid.shape)
+
   def with_end(self, end: Int[Array, "B"]) -> "KVCache":
     """The same cache seen as holding only its first `end` slots per row (training picks canvas s so)."""
     return self.replace(end=jnp.asarray(end, jnp.int32))

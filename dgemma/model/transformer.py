@@ -110,8 +110,7 @@ class DiffusionGemma(nn.Module):
     encoder_mask, _ = self._mask_builders()
     masks_by_kind = {k: encoder_mask(positions, valid, self._window(k)) for k in (LOCAL, GLOBAL)}
     x = self.embedder.encode(tokens_BxT, positions)
-    slots = jnp.broadcast_to(jnp.arange(cache.capacity)[None, :], (b, cache.capacity))  # slot s holds position s
-    x, keys, values = self._layers(x, positions, masks_by_kind, cache, start, slots)
+    x, keys, values = self._layers(x, positions, masks_by_kind, cache, start, cache.slot_positions)
     new_cache = KVCache(keys=tuple(keys), values=tuple(values), valid=valid, end=start + t)
     logits = self.embedder.decode(x) if compute_logits else None
     return logits, new_cache
@@ -119,7 +118,7 @@ class DiffusionGemma(nn.Module):
   def denoise(self, canvas_BxC: Int[Array, "B C"], cache: KVCache,
               self_conditioning_logits: Float[Array, "B C V"] | None = None,
               self_conditioning_mask: Bool[Array, "B"] | None = None) -> Float[Array, "B C V"]:
-    b, c = canvas_BxC.shape
+    c = canvas_BxC.shape[1]
     positions = cache.end[:, None] + jnp.arange(c)[None, :]
     x = self.embedder.encode(canvas_BxC, positions)
     if self_conditioning_logits is None:
@@ -131,8 +130,8 @@ class DiffusionGemma(nn.Module):
     x = self.self_conditioning(x, soft)
     _, denoiser_mask = self._mask_builders()
     masks_by_kind = {k: denoiser_mask(cache.end, cache.valid, c, self._window(k)) for k in (LOCAL, GLOBAL)}
-    slots = jnp.broadcast_to(jnp.arange(cache.capacity)[None, :], (b, cache.capacity))
-    x, _, _ = self._layers(x, positions, masks_by_kind, cache, None, jnp.concatenate([slots, positions], axis=1))
+    x, _, _ = self._layers(x, positions, masks_by_kind, cache, None,
+                           jnp.concatenate([cache.slot_positions, positions], axis=1))
     return self.embedder.decode(x)
 
   def __call__(self, tokens_BxT, cache, canvas_BxC):
