@@ -41,6 +41,8 @@ flags.DEFINE_enum("schedule", None, ["linear", "cosine", "constant"], "Temperatu
 flags.DEFINE_bool("adaptive_stopping", None, "Stop a row's canvas once it is stable and confident [true].", **_D)
 flags.DEFINE_integer("stability_threshold", None, "Previous argmax canvases that must match to stop [1].", **_D)
 flags.DEFINE_float("confidence_threshold", None, "Mean entropy below which a canvas is confident [0.005].", **_D)
+flags.DEFINE_integer("restart_after", None, "Restart a row not stopped after this many steps of its attempt, "
+                     "within --steps (0: never) [0].", **_D)
 flags.DEFINE_integer("canvas_length", 0, "Canvas length (0: the model's).", **_D)
 flags.DEFINE_string("stop_ids", None, "Comma-separated stop token ids (default: the model's).", **_D)
 flags.DEFINE_enum("self_conditioning", "auto", ["auto", "on", "off"],
@@ -168,7 +170,8 @@ def _sampler_config(metadata: dict | None = None):
       metadata, max_denoising_steps=FLAGS.steps, entropy_bound=FLAGS.entropy_bound, t_max=FLAGS.t_max,
       t_min=FLAGS.t_min, schedule=FLAGS.schedule, adaptive_stopping=FLAGS.adaptive_stopping,
       stability_threshold=FLAGS.stability_threshold, confidence_threshold=FLAGS.confidence_threshold,
-      max_new_tokens=FLAGS.max_new_tokens, canvas_length=FLAGS.canvas_length or None,
+      restart_after=FLAGS.restart_after, max_new_tokens=FLAGS.max_new_tokens,
+      canvas_length=FLAGS.canvas_length or None,
       stop_ids=None if FLAGS.stop_ids is None else tuple(_int_list(FLAGS.stop_ids, "--stop_ids")),
       return_trajectory=bool(FLAGS.show_steps or FLAGS.show_steps_html or FLAGS.show_steps_gif))
 

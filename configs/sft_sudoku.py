@@ -120,7 +120,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # validation puzzles, seed 2024: 31% solved at 0.8 -> 0.4, 48% at 1.2 -> 1.0, 53% at 1.5 -> 1.2, 36% at
   # 2.0 -> 1.5); at these temperatures mean entropy rarely falls under 0.005, so the stop threshold is 0.05
   # (same accuracy, 30 instead of 47 mean steps).
-  c.sampler = ml_collections.ConfigDict(dict(t_max=1.5, t_min=1.2, confidence_threshold=0.05))
+  # restart_after=16: a puzzle not stopped after 16 steps starts again from a fresh random canvas (up to three
+  # attempts in the 48 steps). Nearly every wrong answer is one that never stopped (65 of 66 for the shipped
+  # model on those 256 puzzles) and a stopped canvas is nearly always right, so the stop rule picks the attempt:
+  # 79.3% solved against 74.2% without, in the same mean steps (12 / 20 / 24: 78.1 / 78.9 / 78.1%).
+  c.sampler = ml_collections.ConfigDict(dict(t_max=1.5, t_min=1.2, confidence_threshold=0.05, restart_after=16))
 
   c.optimizer = ml_collections.ConfigDict(dict(
       name="adam", learning_rate=3e-3, end_learning_rate=3e-4, warmup_steps=100 if steps > 100 else 1,

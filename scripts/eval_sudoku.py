@@ -45,6 +45,8 @@ flags.DEFINE_float("t_min", None, "Temperature approached at the last step [0.4]
 flags.DEFINE_enum("schedule", None, ["linear", "cosine", "constant"], "Temperature schedule [linear].", **_D)
 flags.DEFINE_integer("stability_threshold", None, "Previous argmax canvases that must match to stop [1].", **_D)
 flags.DEFINE_float("confidence_threshold", None, "Mean entropy below which a canvas is confident [0.005].", **_D)
+flags.DEFINE_integer("restart_after", None, "Restart a puzzle not stopped after this many steps of its attempt, "
+                     "within max_steps (0: never) [0].", **_D)
 flags.DEFINE_enum("self_conditioning", "auto", ["auto", "on", "off"],
                   "Feed each step the previous logits (auto: on if the checkpoint was trained with it).", **_D)
 flags.DEFINE_float("ar_temperature", 0.0, "Autoregressive baseline temperature (0: greedy).", **_D)
@@ -215,20 +217,21 @@ def run() -> int:
       metadata, max_denoising_steps=FLAGS.max_steps, entropy_bound=FLAGS.entropy_bound, t_max=FLAGS.t_max,
       t_min=FLAGS.t_min, schedule=FLAGS.schedule, adaptive_stopping=FLAGS.adaptive_stopping,
       stability_threshold=FLAGS.stability_threshold, confidence_threshold=FLAGS.confidence_threshold,
-      self_conditioning=self_conditioning_for(metadata, FLAGS.self_conditioning))
+      restart_after=FLAGS.restart_after, self_conditioning=self_conditioning_for(metadata, FLAGS.self_conditioning))
 
   settings = {"ckpt": FLAGS.ckpt, "task": task.name, "data": FLAGS.data, "max_steps": sampler.max_denoising_steps,
               "adaptive_stopping": sampler.adaptive_stopping, "t_max": sampler.t_max, "t_min": sampler.t_min,
               "schedule": sampler.schedule, "entropy_bound": sampler.entropy_bound,
               "stability_threshold": sampler.stability_threshold,
-              "confidence_threshold": sampler.confidence_threshold,
+              "confidence_threshold": sampler.confidence_threshold, "restart_after": sampler.restart_after,
               "self_conditioning": sampler.self_conditioning, "seed": FLAGS.seed,
               "batch_size": FLAGS.batch_size, "samples": FLAGS.samples}
   modes = ["diffusion", "ar"] if FLAGS.mode == "both" else [FLAGS.mode]
   if "diffusion" in modes:  # the knobs in use: flags, else the checkpoint's recorded ones, else the released
     stop = f"at mean entropy {sampler.confidence_threshold}" if sampler.adaptive_stopping else "never"
+    restarts = f"restart after {sampler.restart_after} steps" if sampler.restart_after else "no restarts"
     print(f"sampler: max {sampler.max_denoising_steps} steps, t {sampler.t_max} -> {sampler.t_min} "
-          f"({sampler.schedule}), entropy bound {sampler.entropy_bound}, stop {stop}, "
+          f"({sampler.schedule}), entropy bound {sampler.entropy_bound}, stop {stop}, {restarts}, "
           f"self-conditioning {'on' if sampler.self_conditioning else 'off'}")
   results = {}
   for mode in modes:

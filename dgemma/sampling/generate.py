@@ -11,6 +11,12 @@ the next canvas starts, until every row has stopped or `max_new_tokens` are reac
 Hugging Face's `DiffusionGemmaGenerationMixin.generate`; randomness is per row (a row's result does not
 depend on the rest of its batch), so the random draws differ from torch's.
 
+Not in the references: `restart_after` = k > 0 restarts a row that has not stopped after k steps of its current
+attempt (a fresh random canvas, no self-conditioning signal, an empty stop history, the temperature schedule
+started again); `max_denoising_steps` caps all attempts together. The stop rule is the model's own judgement, so
+this is test-time compute without any checker. Attempt j of a row draws exactly what a plain run (restart_after=0,
+max_denoising_steps=k) draws with that row's key folded with RESTART_SALT + j (attempt 0: the row's own key).
+
 Both loops are `lax.while_loop`s: one compilation per (model config, sampler config, shapes).
 """
 
@@ -56,6 +62,9 @@ class SamplerConfig:
   # False: every step denoises without the previous logits, as the first one does. For models trained
   # without self-conditioning (self_cond_prob=0), whose self-conditioning layers never learned anything.
   self_conditioning: bool = True
+  # 0 (the references): one attempt. k > 0: a row that has not stopped after k steps of its attempt starts a new
+  # one (module docstring); each attempt's temperature schedule spans min(k, steps left in the budget).
+  restart_after: int = 0
 
   def __post_init__(self):
     if self.stop_ids is not None:
@@ -66,6 +75,11 @@ class SamplerConfig:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if self.canvas_length is not None and (isinstance(self.canvas_length, bool) or self.canvas_length < 1):
       raise ValueError(f"canvas_length must be a positive integer, got {self.canvas_length!r}")
+    if isinstance(self.restart_after, bool) or not isinstance(self.restart_after, (int, np.integer)) \
+        or self.restart_after < 0:
+      raise ValueError(f"restart_after must be an integer >= 0, got {self.restart_after!r}")
+    if self.restart_after and not self.adaptive_stopping:
+      raise ValueError("restart_after > 0 needs adaptive_stopping: without a stop no attempt ever ends early")
     if isinstance(self.stability_threshold, bool) or self.stability_threshold < 0:
       raise ValueError(f"stability_threshold must be an integer >= 0, got {self.stability_threshold!r}")
     if not self.entropy_bound > 0:
@@ -87,7 +101,8 @@ class SamplerConfig:
 
 # The knobs a checkpoint may record as its own sampling defaults (HF keeps them in generation_config.json).
 RECORDABLE = ("max_denoising_steps", "entropy_bound", "t_max", "t_min", "schedule", "adaptive_stopping",
-              "stability_threshold", "confidence_threshold")
+              "stability_threshold", "confidence_threshold", "restart_after")
+RESTART_SALT = 1_000_003  # attempt j >= 1 of a row draws from fold_in(row key, RESTART_SALT + j)
 
 
 def sampler_config(metadata: dict | None = None, **overrides) -> SamplerConfig:
@@ -131,6 +146,12 @@ class _StepState:
   history: Int[Array, "S B C"]
   steps: Int[Array, "B"]
   trajectory: Int[Array, "B N C"]
+  # Restarts (restart_after > 0; otherwise unused): the attempt of each row, its step within the attempt, the
+  # attempt's length and its step keys (raw key data, so that rows can swap them with jnp.where).
+  attempt: Int[Array, "B"]
+  attempt_step: Int[Array, "B"]
+  attempt_len: Int[Array, "B"]
+  attempt_keys: Array
 
 
 @flax.struct.dataclass
@@ -163,20 +184,34 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, row_keys_B: Arr
   def encode(tokens, cache, valid):
     return model.apply(variables, tokens, cache, valid, False, method=DiffusionGemma.encode)[1]
 
-  def denoise_canvas(cache: KVCache, canvas0: Array, keys_B: Array, done_B: Array):
+  restart = s.restart_after > 0
+  key_impl = jax.random.key_impl(row_keys_B)
+  random_canvas = lambda keys_B: _per_row(lambda k: jax.random.randint(k, (c,), 0, vocab, jnp.int32), keys_B)
+
+  def denoise_canvas(cache: KVCache, canvas0: Array, keys_B: Array, done_B: Array, attempt_keys: Callable):
+    """`attempt_keys(attempt_B)`: (initial-canvas keys, step keys) of each row's attempt (restarts only)."""
+    first_len = min(s.restart_after, n_steps) if restart else n_steps
+
     def cond(st: _StepState):
       return (st.step < n_steps) & ~jnp.all(st.finished)
 
     def body(st: _StepState) -> _StepState:
       steps = st.steps + (~st.finished).astype(jnp.int32)  # counted before the pass, as HF
+      # Without restarts every row is in its one attempt, and the per-row quantities are the step's own.
+      if restart:
+        k_B, keys = st.attempt_step, jax.random.wrap_key_data(st.attempt_keys, impl=key_impl)
+        temp = schedules.temperature(s.schedule, s.t_max, s.t_min, st.attempt_len - k_B, st.attempt_len)
+        temp = jnp.broadcast_to(temp, (b,))[:, None, None]  # (the constant schedule gives a scalar)
+      else:
+        k_B, keys = jnp.broadcast_to(st.step, (b,)), keys_B
+        temp = schedules.temperature(s.schedule, s.t_max, s.t_min, n_steps - st.step, n_steps)
       if s.self_conditioning:
-        has_sc = jnp.broadcast_to(st.step > 0, (b,))  # the first step has no self-conditioning signal
+        has_sc = k_B > 0  # the first step of an attempt has no self-conditioning signal
         raw = model.apply(variables, st.canvas, cache, st.sc_logits, has_sc, method=DiffusionGemma.denoise)
       else:  # every step denoises as the first one does
         raw = model.apply(variables, st.canvas, cache, method=DiffusionGemma.denoise)
-      temp = schedules.temperature(s.schedule, s.t_max, s.t_min, n_steps - st.step, n_steps)
       logits = raw / temp
-      step_keys = _per_row(jax.random.fold_in, keys_B, jnp.broadcast_to(st.step, (b,)))
+      step_keys = _per_row(jax.random.fold_in, keys, k_B)
       sample_keys, noise_keys = jnp.moveaxis(_per_row(jax.random.split, step_keys), 1, 0)
       uniform = _per_row(lambda k: jax.random.uniform(k, (c,)), sample_keys)
       noise = _per_row(lambda k: jax.random.randint(k, (c,), 0, vocab, jnp.int32), noise_keys)
@@ -196,14 +231,29 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, row_keys_B: Arr
       trajectory = st.trajectory
       if traj_steps:
         trajectory = jax.lax.dynamic_update_slice(trajectory, argmax[:, None], (0, st.step, 0))
+      attempt, attempt_step, attempt_len, attempt_keys_data = (st.attempt, st.attempt_step + 1, st.attempt_len,
+                                                              st.attempt_keys)
+      if restart:  # rows whose attempt ran out without a stop start the next one, if the budget has steps left
+        again = ~finished & (attempt_step >= st.attempt_len) & (st.step + 1 < n_steps)
+        attempt = attempt + again.astype(jnp.int32)
+        init_keys, next_keys = attempt_keys(attempt)
+        canvas = jnp.where(again[:, None], random_canvas(init_keys), canvas)
+        history = jnp.where(again[None, :, None], -1, history)
+        attempt_step = jnp.where(again, 0, attempt_step)
+        attempt_len = jnp.where(again, jnp.minimum(s.restart_after, n_steps - (st.step + 1)), attempt_len)
+        attempt_keys_data = jnp.where(again[:, None], jax.random.key_data(next_keys), attempt_keys_data)
       return _StepState(step=st.step + 1, canvas=canvas, argmax=argmax, sc_logits=sc_logits,
-                        finished=finished, history=history, steps=steps, trajectory=trajectory)
+                        finished=finished, history=history, steps=steps, trajectory=trajectory,
+                        attempt=attempt, attempt_step=attempt_step, attempt_len=attempt_len,
+                        attempt_keys=attempt_keys_data)
 
     init = _StepState(
         step=jnp.int32(0), canvas=canvas0, argmax=canvas0,
         sc_logits=jnp.zeros((b, c, vocab if s.self_conditioning else 0), sc_dtype), finished=done_B,
         history=stopping.init_history(s.stability_threshold if s.adaptive_stopping else 0, b, c),
-        steps=jnp.zeros((b,), jnp.int32), trajectory=jnp.full((b, traj_steps, c), -1, jnp.int32))
+        steps=jnp.zeros((b,), jnp.int32), trajectory=jnp.full((b, traj_steps, c), -1, jnp.int32),
+        attempt=jnp.zeros((b,), jnp.int32), attempt_step=jnp.zeros((b,), jnp.int32),
+        attempt_len=jnp.full((b,), first_len, jnp.int32), attempt_keys=jax.random.key_data(keys_B))
     final = jax.lax.while_loop(cond, body, init)
     return final.argmax, final.steps, final.trajectory
 
@@ -211,13 +261,21 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, row_keys_B: Arr
     return (st.index < n_canvases) & ~jnp.all(st.finished)
 
   def canvas_body(st: _CanvasState) -> _CanvasState:
+    def attempt_keys(attempt_B):  # (initial-canvas keys, step keys) of this canvas, per row and attempt
+      salted = _per_row(jax.random.fold_in, row_keys_B, RESTART_SALT + attempt_B)
+      base = jax.random.wrap_key_data(jnp.where((attempt_B == 0)[:, None], jax.random.key_data(row_keys_B),
+                                                jax.random.key_data(salted)), impl=key_impl)
+      keys = _per_row(jax.random.fold_in, base, jnp.broadcast_to(st.index, (b,)))
+      init, step = jnp.moveaxis(_per_row(jax.random.split, keys), 1, 0)
+      return init, step
+
     keys = _per_row(jax.random.fold_in, row_keys_B, jnp.broadcast_to(st.index, (b,)))
     init_keys, step_keys = jnp.moveaxis(_per_row(jax.random.split, keys), 1, 0)
     if initial_BxNxC is None:
-      canvas0 = _per_row(lambda k: jax.random.randint(k, (c,), 0, vocab, jnp.int32), init_keys)
+      canvas0 = random_canvas(init_keys)
     else:
       canvas0 = jax.lax.dynamic_index_in_dim(initial_BxNxC, st.index, axis=1, keepdims=False)
-    argmax, steps, trajectory = denoise_canvas(st.cache, canvas0, step_keys, st.finished)
+    argmax, steps, trajectory = denoise_canvas(st.cache, canvas0, step_keys, st.finished, attempt_keys)
     committed, finished = stopping.truncate_at_stop(argmax, st.finished, s.stop_ids, config.pad_id)
     more = (st.index + 1 < n_canvases) & ~jnp.all(finished)
     # Committed canvases are all-valid context, pads included, as HF's decoder mask of ones.

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import tokenizers
@@ -225,6 +226,53 @@ def test_eval_samples_answer_with_a_sample_that_obeys_the_rules(tmp_path):
   assert report["accuracy"] == pytest.approx(right_NxK.any(1).mean())
   assert report["mean_steps"] == pytest.approx(steps.reshape(8, k).sum(1).mean())
   assert right_NxK.any() and not right_NxK.all()  # some samples right and some wrong: the choice mattered
+
+
+def test_restarts_are_fresh_attempts_of_the_plain_sampler():
+  """restart_after=L, max L*K: each row's answer is that of the first of K plain runs (max L steps, the row's key
+  folded with RESTART_SALT + j for attempt j >= 1) that stopped, with the steps of all attempts before it; a row
+  that never stops ends with its last attempt after L*K steps. The plain runs are the reference, computed apart."""
+  import dataclasses
+
+  from dgemma.checkpoints import load_model
+  from dgemma.sampling import generate, sampler_config
+  from dgemma.sampling.generate import RESTART_SALT, row_keys
+  path = str(ROOT / "assets/sudoku-small")
+  config, params, metadata = load_model(path)
+  task = sudoku_sampling.load_task(config, metadata, path)
+  puzzles = sudoku.generate_dataset(32, 99, 24, 36)["puzzle"]  # mixed: some rows need more than one attempt
+  tokens, valid = task.prompts(puzzles)
+  length, attempts = 8, 4
+  plain = task.sampler(sampler_config(metadata, max_denoising_steps=length))
+  keys = row_keys(jax.random.key(5), len(puzzles))
+  restarted = generate(params, task.config, tokens, valid, keys,
+                       dataclasses.replace(plain, max_denoising_steps=length * attempts, restart_after=length))
+  runs = [generate(params, task.config, tokens, valid,
+                   keys if j == 0 else jax.vmap(jax.random.fold_in)(keys, jnp.full(len(puzzles), RESTART_SALT + j)),
+                   plain) for j in range(attempts)]
+  got_tokens, got_steps = np.asarray(restarted.tokens), np.asarray(restarted.steps_per_canvas[:, 0])
+  succeeded_in = []
+  for row in range(len(puzzles)):
+    for j, run in enumerate(runs):
+      steps_j = int(run.steps_per_canvas[row, 0])
+      last = j == attempts - 1
+      # A plain run that used all L steps may or may not have stopped at the last one: the total tells which.
+      if steps_j < length or last or got_steps[row] == (j + 1) * length:
+        assert got_steps[row] == j * length + steps_j, row
+        np.testing.assert_array_equal(got_tokens[row], np.asarray(run.tokens[row]))
+        succeeded_in.append(j if steps_j < length else None)
+        break
+  assert 0 in succeeded_in and any(j is not None and j > 0 for j in succeeded_in)  # restarts happened and mattered
+  assert np.all(got_steps <= length * attempts)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(restart_after=-1), "restart_after must be an integer >= 0"),
+    (dict(restart_after=4, adaptive_stopping=False), "restart_after > 0 needs adaptive_stopping"),
+])
+def test_bad_restart_knobs(bad, message):
+  with pytest.raises(ValueError, match=message):
+    SamplerConfig(**bad)
 
 
 def test_eval_script_errors(ckpt, tmp_path, capsys):
