@@ -357,7 +357,8 @@ def generate(params: dict, config: ModelConfig, prompt_tokens: Int[Array, "B P"]
   """Generates after right-padded prompts (`prompt_valid` False on pads; None: all valid).
 
   `rng` is one key (row b uses fold_in(rng, b)) or one key per row. `initial_canvases` replaces the uniform
-  random starting canvas of every canvas (HF's `decoder_input_ids` does so for the first);
+  random starting canvas of every canvas (HF's `decoder_input_ids` does so for the first; restarted attempts
+  still start from random ones);
   `max_cache_len` makes a prompt that does not fit fail with a clear error.
   """
   args, static = _prepare(config, sampler_config, prompt_tokens, prompt_valid, rng, initial_canvases,
