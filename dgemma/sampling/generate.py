@@ -108,11 +108,14 @@ RESTART_SALT = 1_000_003  # attempt j >= 1 of a row draws from fold_in(row key, 
 def sampler_config(metadata: dict | None = None, **overrides) -> SamplerConfig:
   """The sampler for a checkpoint: each knob from `overrides` where given (None: not given), else from the
   checkpoint's recorded defaults (`metadata["sampler"]`, written by train.py from the config's `sampler`
-  section), else SamplerConfig's (the released model's)."""
+  section), else SamplerConfig's (the released model's). Turning adaptive stopping off drops recorded restarts
+  (they need stops); asking for both is an error."""
   recorded = dict((metadata or {}).get("sampler") or {})
   unknown = sorted(set(recorded) - set(RECORDABLE))
   if unknown:
     raise ValueError(f"checkpoint records unknown sampler defaults {unknown}; known: {list(RECORDABLE)}")
+  if overrides.get("adaptive_stopping") is False and overrides.get("restart_after") is None:
+    recorded.pop("restart_after", None)  # a fixed-steps run asked for: the recorded restarts need stops, so none
   return SamplerConfig(**{**recorded, **{k: v for k, v in overrides.items() if v is not None}})
 
 

@@ -161,6 +161,12 @@ def test_sampler_config_takes_flags_then_the_checkpoints_defaults_then_the_refer
     sampler_config({"sampler": {"temperature": 1.0}})
   with pytest.raises(ValueError, match="t_max must be > t_min"):  # a recorded pair checked like flags
     sampler_config(recorded, t_max=0.5)
+  restarts = {"sampler": {"restart_after": 16}}
+  assert sampler_config(restarts).restart_after == 16
+  fixed = sampler_config(restarts, adaptive_stopping=False)  # fixed steps: the recorded restarts (need stops) go
+  assert (fixed.adaptive_stopping, fixed.restart_after) == (False, 0)
+  with pytest.raises(ValueError, match="restart_after > 0 needs adaptive_stopping"):  # both asked for
+    sampler_config(restarts, adaptive_stopping=False, restart_after=8)
 
 
 def test_bad_inputs(tiny):
