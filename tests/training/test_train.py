@@ -196,12 +196,13 @@ def test_evaluation_during_training_is_logged_and_matches_the_saved_model(tmp_pa
   # Trained with self-conditioning (the default self_cond_prob=0.5): recorded, and the evaluation sampled with it.
   assert c.diffusion.self_cond_prob == 0.5 and metadata["self_conditioning"] is True
   # The config's sampling defaults are recorded with the model, and the evaluation sampled with them.
-  assert metadata["sampler"] == {"t_max": 1.3, "t_min": 0.9, "confidence_threshold": c.sampler.confidence_threshold}
+  assert metadata["sampler"] == {"t_max": 1.3, "t_min": 0.9, "confidence_threshold": c.sampler.confidence_threshold,
+                                 "restart_after": c.sampler.restart_after}
   result = sudoku_solver.solve(params, sudoku_solver.load_task(config, metadata), np.asarray(data["puzzle"]),
                                jax.random.key(c.eval.seed),
                                SamplerConfig(max_denoising_steps=6, t_max=1.3, t_min=0.9,
                                              confidence_threshold=c.sampler.confidence_threshold,
-                                             self_conditioning=True))
+                                             restart_after=c.sampler.restart_after, self_conditioning=True))
   expected = sudoku_task.score(np.asarray(data["puzzle"]), np.asarray(data["solution"]), result.predictions)
   assert scalars["eval/cell_accuracy"][-1][1] == pytest.approx(expected["cell_accuracy"])
   assert scalars["eval/mean_steps"][-1][1] == pytest.approx(float(np.mean(result.steps)))
