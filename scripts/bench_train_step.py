@@ -30,13 +30,19 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
-import train as train_lib  # noqa: E402  # the repository's train.py (and its --config flag): the run's own step
+import train as train_lib  # noqa: E402  # the repository's train.py: the model, data and step a run uses
+from dgemma import cli  # noqa: E402
 from dgemma.training import optimizer, state as state_lib  # noqa: E402
 
-_STEPS = flags.DEFINE_integer("steps", 10, "Timed steps (after one compile-and-warm-up step).")
-_PROFILE = flags.DEFINE_bool("profile", False, "Also trace 3 steps and print where XLA:CPU spends the time.")
+FLAGS = flags.FlagValues()  # private: this module can be imported next to train.py and other scripts
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (configs/*.py[:args]).",
+                                          flag_values=FLAGS)
+_STEPS = flags.DEFINE_integer("steps", 10, "Timed steps (after one compile-and-warm-up step).", flag_values=FLAGS)
+_PROFILE = flags.DEFINE_bool("profile", False, "Also trace 3 steps and print where XLA:CPU spends the time.",
+                             flag_values=FLAGS)
 
 
 def time_train_step(c, steps: int) -> dict:
@@ -71,6 +77,29 @@ def time_train_step(c, steps: int) -> dict:
               gflops_per_s=flops / median / 1e9 if flops else float("nan"))
 
 
+def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+  """One thread's busy time as disjoint intervals (an event nested in another counts once)."""
+  out: list[list[float]] = []
+  for start, end in sorted(intervals):
+    if out and start <= out[-1][1]:
+      out[-1][1] = max(out[-1][1], end)
+    else:
+      out.append([start, end])
+  return [(start, end) for start, end in out]
+
+
+def profile_steps(r: dict, num_steps: int = 3) -> tuple[list[tuple[str, float, float]], dict[int, float]]:
+  """Traces `num_steps` more steps of a `time_train_step` result and returns `profile_summary` of them."""
+  state, batches = r["state"], r["batches"]
+  with tempfile.TemporaryDirectory() as trace_dir:
+    jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
+    for _ in range(num_steps):
+      state, metrics = r["step"](state, next(batches))
+      jax.block_until_ready(metrics)
+    jax.profiler.stop_trace()
+    return profile_summary(trace_dir, num_steps)
+
+
 def profile_summary(trace_dir: str, num_steps: int) -> tuple[list[tuple[str, float, float]], dict[int, float]]:
   """(kind, ms per step, share of the compute threads' time) by op kind, and {busy threads: share of time}."""
   files = sorted(glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "perfetto_trace.json.gz")))
@@ -92,20 +121,19 @@ def profile_summary(trace_dir: str, num_steps: int) -> tuple[list[tuple[str, flo
     raise RuntimeError("the trace holds no XLA:CPU compute-thread events (is this a CPU run?)")
   total = sum(by_kind.values())
   kinds = [(kind, us / 1e3 / num_steps, us / total) for kind, us in by_kind.most_common()]
-  edges = sorted([(s, 1) for v in spans.values() for s, _ in v] + [(t, -1) for v in spans.values() for _, t in v])
+  edges = sorted(edge for v in spans.values() for start, end in _merged(v) for edge in ((start, 1), (end, -1)))
   busy, level, previous = collections.Counter(), 0, edges[0][0]
-  for at, change in edges:  # time spent at each number of busy threads (nested events of one thread aside)
+  for at, change in edges:  # time spent at each number of busy threads
     busy[min(level, 2)] += at - previous
     level, previous = level + change, at
   span = sum(busy.values())
   return kinds, {k: v / span for k, v in sorted(busy.items())}
 
 
-def main(argv) -> None:
-  del argv
-  c = train_lib._CONFIG.value
+def run() -> None:
+  c = _CONFIG.value
   if c is None:
-    raise app.UsageError("--config is required, e.g. --config=configs/sft_sudoku.py")
+    raise ValueError("--config is required, e.g. --config=configs/sft_sudoku.py")
   r = time_train_step(c, _STEPS.value)
   print(f"{jax.devices()[0].device_kind}: batch {c.batch_size}, compile {r['compile_s']:.1f} s")
   print(f"step: median {1e3 * r['median_s']:.0f} ms, fastest {1e3 * r['min_s']:.0f} ms over {_STEPS.value} steps; "
@@ -115,15 +143,8 @@ def main(argv) -> None:
   if not _PROFILE.value:
     return
   if jax.default_backend() != "cpu":
-    raise app.UsageError("--profile reads XLA:CPU's trace; on GPUs use jax.profiler with TensorBoard / XProf")
-  state, batches = r["state"], r["batches"]
-  with tempfile.TemporaryDirectory() as trace_dir:
-    jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
-    for _ in range(3):
-      state, metrics = r["step"](state, next(batches))
-      jax.block_until_ready(metrics)
-    jax.profiler.stop_trace()
-    kinds, busy = profile_summary(trace_dir, 3)
+    raise ValueError("--profile reads XLA:CPU's trace; on GPUs use jax.profiler with TensorBoard / XProf")
+  kinds, busy = profile_steps(r)
   print("compute threads busy (share of the traced time): " +
         ", ".join(f"{'2+' if k == 2 else k}: {100 * v:.0f}%" for k, v in busy.items()))
   print("| XLA operation kind | ms per step (summed over threads) | share |\n|---|---|---|")
@@ -131,5 +152,14 @@ def main(argv) -> None:
     print(f"| {kind} | {ms:.1f} | {100 * share:.1f}% |")
 
 
+def main(argv: list[str]) -> int:
+  """Runs with command-line `argv`; bad input prints one `error:` line and returns a non-zero code."""
+  try:
+    return cli.run_main(argv, __doc__, run, FLAGS)
+  except AttributeError as e:  # ml_collections: an override names a key the config does not have
+    print(f"error: unknown config key {str(e).strip(chr(34))} in a --config override", file=sys.stderr)
+    return 2
+
+
 if __name__ == "__main__":
-  app.run(main)
+  sys.exit(main(sys.argv))

@@ -1,5 +1,6 @@
 """scripts/bench_train_step.py: it times the real train step, whose FLOP count follows the batch."""
 
+import functools
 import importlib.util
 import os
 
@@ -8,6 +9,7 @@ from configs import sft_sudoku
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@functools.cache  # once per process: the script defines absl flags
 def _bench_module():
   spec = importlib.util.spec_from_file_location("bench_train_step", os.path.join(ROOT, "scripts", "bench_train_step.py"))
   module = importlib.util.module_from_spec(spec)
@@ -27,3 +29,29 @@ def test_step_flops_scale_with_the_batch(tmp_path):
     counts[batch] = r["flops"]
   # Every part of the step but the optimizer update grows with the examples (self-conditioning rows included).
   assert 1.8 < counts[8] / counts[4] < 2.05, counts
+
+
+def test_merged_busy_intervals():
+  bench = _bench_module()
+  # A nested event counts once, touching intervals join, disjoint ones stay apart.
+  assert bench._merged([(5, 6), (0, 4), (1, 2), (4, 4.5)]) == [(0, 4.5), (5, 6)]
+
+
+def test_profile_shares_add_up(tmp_path):
+  bench = _bench_module()
+  c = sft_sudoku.get_config("size=debug")
+  c.data.cache_dir = str(tmp_path / "data")
+  r = bench.time_train_step(c, steps=1)
+  kinds, busy = bench.profile_steps(r, num_steps=2)
+  assert abs(sum(share for _, _, share in kinds) - 1) < 1e-6
+  assert abs(sum(busy.values()) - 1) < 1e-6 and set(busy) <= {0, 1, 2}
+  assert all(ms >= 0 for _, ms, _ in kinds)
+
+
+def test_bad_input_is_one_line(capsys):
+  bench = _bench_module()
+  script = os.path.join(ROOT, "scripts", "bench_train_step.py")
+  assert bench.main([script]) == 1
+  assert capsys.readouterr().err.strip() == "error: --config is required, e.g. --config=configs/sft_sudoku.py"
+  assert bench.main([script, "--config=configs/sft_sudoku.py:size=debug", "--steps=0"]) == 1
+  assert capsys.readouterr().err.strip() == "error: --steps must be >= 1, got 0"
