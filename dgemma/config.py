@@ -43,6 +43,10 @@ class ModelConfig:
   rms_norm_eps: float = 1e-6
   canvas_length: int = 256
   param_dtype: str = "float32"  # "bfloat16" for real checkpoints
+  # "bfloat16": the token projections (attention q/k/v/o, the GeGLUs) multiply bfloat16 copies of their
+  # operands with float32 accumulation, in the forward and the backward pass (layers.mixed_matmul); norms,
+  # softmaxes, residuals, logits and the weights stay in param_dtype. "": plain matmuls in param_dtype.
+  matmul_dtype: str = ""
   pad_id: int = 0
   eos_id: int = 1
   bos_id: int = 2
@@ -83,6 +87,8 @@ class ModelConfig:
       raise ValueError(f"moe_impl must be 'xla', 'dense' or 'pallas', got {self.moe_impl!r}")
     if self.param_dtype not in ("float32", "bfloat16", "float16"):
       raise ValueError(f"param_dtype must be float32, bfloat16 or float16, got {self.param_dtype!r}")
+    if self.matmul_dtype not in ("", "bfloat16"):
+      raise ValueError(f"matmul_dtype must be '' (the parameter dtype) or 'bfloat16', got {self.matmul_dtype!r}")
     object.__setattr__(self, "position_features", tuple(tuple(int(i) for i in f) for f in self.position_features))
     if self.position_features:
       ids = [i for f in self.position_features for i in f]

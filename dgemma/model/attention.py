@@ -72,12 +72,13 @@ class Attention(nn.Module):
     o_proj = self.param("o_proj", init_normal, (n, h, d), dt)
     inv_freq = rope_inv_freq(h, *cfg.rope(kind))
 
-    q = token_matmul(x_BxTxD, q_proj)
+    mm = cfg.matmul_dtype
+    q = token_matmul(x_BxTxD, q_proj, operand_dtype=mm)
     q = apply_rope(RMSNorm(cfg.rms_norm_eps, dtype=dt, name="q_norm")(q), positions_BxT, inv_freq)
     if cfg.query_scale != 1.0:  # Gemma 3; scaling q rather than the logits keeps every attention kernel as is
       q = q * jnp.asarray(cfg.query_scale, q.dtype)
-    k_raw = token_matmul(x_BxTxD, k_proj)
-    v_raw = k_raw if v_proj is None else token_matmul(x_BxTxD, v_proj)
+    k_raw = token_matmul(x_BxTxD, k_proj, operand_dtype=mm)
+    v_raw = k_raw if v_proj is None else token_matmul(x_BxTxD, v_proj, operand_dtype=mm)
     k = apply_rope(RMSNorm(cfg.rms_norm_eps, dtype=dt, name="k_norm")(k_raw), positions_BxT, inv_freq)
     v = RMSNorm(cfg.rms_norm_eps, with_scale=False, name="v_norm")(v_raw) if cfg.value_norm else v_raw  # no RoPE
 
@@ -103,4 +104,4 @@ class Attention(nn.Module):
       out = attention_kernels.attention(q, keys, values, mask)
     else:
       out = dot_product_attention(q, keys, values, mask, bias)
-    return token_matmul(out, o_proj, contract_dims=2), new_kv
+    return token_matmul(out, o_proj, contract_dims=2, operand_dtype=mm), new_kv

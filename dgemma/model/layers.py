@@ -6,6 +6,7 @@ else in the parameter dtype.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -66,18 +67,52 @@ def apply_rope(x_BxTxNxH: Array, positions_BxT: Int[Array, "B T"], inv_freq: jnp
   return x_BxTxNxH * cos + rotated * sin
 
 
-def token_matmul(x: Array, w: Array, contract_dims: int = 1) -> Array:
+def _bf16_dot(a: Array, b: Array) -> Array:
+  return jnp.dot(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
+
+
+def mixed_matmul(x_MxK: Array, w_KxN: Array) -> Array:
+  """x @ w with bfloat16 operands and float32 accumulation, returned in x's dtype.
+
+  A custom VJP so that the backward's two matmuls are bfloat16 x bfloat16 as well: differentiated as is, the
+  float32 cotangent would promote them back to float32. Gradients come back in the inputs' dtypes.
+  """
+  return _mixed_matmul(x_MxK, w_KxN, jnp.dtype(x_MxK.dtype), jnp.dtype(w_KxN.dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _mixed_matmul(x_MxK, w_KxN, x_dtype, w_dtype):
+  del w_dtype
+  return _bf16_dot(x_MxK, w_KxN).astype(x_dtype)
+
+
+def _mixed_matmul_fwd(x_MxK, w_KxN, x_dtype, w_dtype):
+  # bfloat16 residuals: what the backward multiplies anyway, at half the memory.
+  return _mixed_matmul(x_MxK, w_KxN, x_dtype, w_dtype), (x_MxK.astype(jnp.bfloat16), w_KxN.astype(jnp.bfloat16))
+
+
+def _mixed_matmul_bwd(x_dtype, w_dtype, residuals, g_MxN):
+  x_MxK, w_KxN = residuals
+  return _bf16_dot(g_MxN, w_KxN.T).astype(x_dtype), _bf16_dot(x_MxK.T, g_MxN).astype(w_dtype)
+
+
+_mixed_matmul.defvjp(_mixed_matmul_fwd, _mixed_matmul_bwd)
+
+
+def token_matmul(x: Array, w: Array, contract_dims: int = 1, operand_dtype: str = "") -> Array:
   """x[..., K1..Kc] @ w[K1..Kc, ...] as one 2-D matmul over the flattened tokens.
 
   Same function as the einsum; on XLA:CPU the 2-D form keeps the backward's weight gradient a plain matmul,
   where [B, T, ...] operands made XLA materialise transposed copies (measured: a GeGLU's forward + backward
-  at [48, 82, 128] -> 512 took 79 ms as einsums, 37 ms flattened).
+  at [48, 82, 128] -> 512 took 79 ms as einsums, 37 ms flattened). `operand_dtype="bfloat16"`: `mixed_matmul`
+  (ModelConfig.matmul_dtype).
   """
   k_shape = x.shape[x.ndim - contract_dims:]
   if w.shape[:contract_dims] != k_shape:
     raise ValueError(f"token_matmul: contracted dims {k_shape} != weight dims {w.shape[:contract_dims]}")
   k = math.prod(k_shape)
-  y = x.reshape(-1, k) @ w.reshape(k, -1)
+  x_MxK, w_KxN = x.reshape(-1, k), w.reshape(k, -1)
+  y = mixed_matmul(x_MxK, w_KxN) if operand_dtype == "bfloat16" else x_MxK @ w_KxN
   return y.reshape(x.shape[:x.ndim - contract_dims] + w.shape[contract_dims:])
 
 
@@ -89,6 +124,7 @@ class GeGLU(nn.Module):
   """down(gelu_tanh(x·gate) ⊙ (x·up)), no biases. Used by the dense branch and self-conditioning."""
   hidden: int
   dtype: jnp.dtype = jnp.float32
+  matmul_dtype: str = ""  # ModelConfig.matmul_dtype
 
   @nn.compact
   def __call__(self, x_BxTxD: Array) -> Array:
@@ -96,8 +132,9 @@ class GeGLU(nn.Module):
     gate = self.param("gate", init_normal, (d, self.hidden), self.dtype)
     up = self.param("up", init_normal, (d, self.hidden), self.dtype)
     down = self.param("down", init_normal, (self.hidden, d), self.dtype)
-    h = gelu_tanh(token_matmul(x_BxTxD, gate)) * token_matmul(x_BxTxD, up)
-    return token_matmul(h, down)
+    mm = lambda x, w: token_matmul(x, w, operand_dtype=self.matmul_dtype)
+    h = gelu_tanh(mm(x_BxTxD, gate)) * mm(x_BxTxD, up)
+    return mm(h, down)
 
 
 def geglu_fused(gate_up: Array) -> Array:

@@ -38,7 +38,7 @@ class Block(nn.Module):
         norm("pre_attention_norm")(x_BxTxD), positions_BxT, mask, layer_kv, write_at, shared_features)
     x1 = x_BxTxD + norm("post_attention_norm")(attn_out)
 
-    ffw = GeGLU(cfg.mlp_hidden, dtype=dt, name="mlp")(norm("pre_mlp_norm")(x1))
+    ffw = GeGLU(cfg.mlp_hidden, dtype=dt, matmul_dtype=cfg.matmul_dtype, name="mlp")(norm("pre_mlp_norm")(x1))
     if cfg.num_experts:
       ffw = norm("post_mlp_norm")(ffw)
       ffw = ffw + norm("post_moe_norm")(MoE(cfg, name="moe")(norm("pre_moe_norm")(x1), x1))
@@ -60,7 +60,7 @@ class SelfConditioning(nn.Module):
     if soft_embeds_BxCxD is None:
       return RMSNorm(cfg.rms_norm_eps, with_scale=False, name="post_norm")(token_embeds_BxCxD)
     normed = RMSNorm(cfg.rms_norm_eps, dtype=dt, name="pre_norm")(soft_embeds_BxCxD)
-    signal = GeGLU(cfg.mlp_hidden, dtype=dt, name="mlp")(normed)
+    signal = GeGLU(cfg.mlp_hidden, dtype=dt, matmul_dtype=cfg.matmul_dtype, name="mlp")(normed)
     return RMSNorm(cfg.rms_norm_eps, with_scale=False, name="post_norm")(token_embeds_BxCxD + signal)
 
 
