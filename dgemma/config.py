@@ -43,9 +43,10 @@ class ModelConfig:
   rms_norm_eps: float = 1e-6
   canvas_length: int = 256
   param_dtype: str = "float32"  # "bfloat16" for real checkpoints
-  # "bfloat16": the token projections (attention q/k/v/o, the GeGLUs) multiply bfloat16 copies of their
-  # operands with float32 accumulation, in the forward and the backward pass (layers.mixed_matmul); norms,
-  # softmaxes, residuals, logits and the weights stay in param_dtype. "": plain matmuls in param_dtype.
+  # "bfloat16": the weight matmuls (attention q/k/v/o, the GeGLUs, the tied (un)embedding, the dense experts)
+  # multiply bfloat16 copies of their operands with float32 accumulation, in the forward and the backward
+  # pass (layers.mixed_matmul); attention scores, norms, softmaxes, residuals and the weights stay in
+  # param_dtype. Mixed precision for CPUs and GPUs with fast bf16 dots. "": plain matmuls in param_dtype.
   matmul_dtype: str = ""
   pad_id: int = 0
   eos_id: int = 1

@@ -53,6 +53,9 @@ flags.DEFINE_enum("moe_impl", "dense", list(MOE_IMPLS),
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                   "Parameter dtype of the random checkpoint; both sides load and run it in that dtype (real "
                   "DiffusionGemma checkpoints are bfloat16). With --ckpt: the dtype both sides load it in.", **_D)
+flags.DEFINE_enum("matmul_dtype", "", ["", "bfloat16"],
+                  "Our side only: 'bfloat16' multiplies bf16 copies of the weight matmuls' operands with float32 "
+                  "accumulation (ModelConfig.matmul_dtype); HF runs the checkpoint in --dtype.", **_D)
 flags.DEFINE_integer("seed", 0, "Seed of the random checkpoint, the prompt and the samplers.", **_D)
 flags.DEFINE_string("json_out", None, "Also write the numbers to this JSON file.", **_D)
 
@@ -161,7 +164,8 @@ def run() -> dict:
     _random_checkpoint(path)
   config, params = load_hf(path)
   params = jax.tree.map(lambda x: x.astype(FLAGS.dtype), params)
-  config = config.replace(canvas_length=FLAGS.canvas, moe_impl=FLAGS.moe_impl, param_dtype=FLAGS.dtype)
+  config = config.replace(canvas_length=FLAGS.canvas, moe_impl=FLAGS.moe_impl, param_dtype=FLAGS.dtype,
+                          matmul_dtype=FLAGS.matmul_dtype)
   c, n_steps, b = FLAGS.canvas, FLAGS.steps, FLAGS.batch
   new_tokens = FLAGS.canvases * c
   rng = np.random.default_rng(FLAGS.seed)
@@ -241,6 +245,7 @@ def run() -> dict:
                           gflops_for_5x_chosen_experts=sparse_gflop / (hf_step_ms / 5 / 1e3))
   results["settings"] = dict(ckpt=FLAGS.ckpt or "random", vocab=config.vocab_size, width=config.width,
                              layers=config.num_layers, experts=config.num_experts, dtype=FLAGS.dtype,
+                             matmul_dtype=config.matmul_dtype or FLAGS.dtype,
                              moe_impl=config.moe_impl, canvas=c,
                              canvases=FLAGS.canvases, steps=n_steps, prompt_len=FLAGS.prompt_len, batch=b,
                              cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads())
@@ -256,7 +261,7 @@ def report(results: dict) -> str:
   hf_rate = results["transformers"]["tokens"] / results["transformers"]["seconds"]
   lines = [
       f"checkpoint {s['ckpt']}: vocab {s['vocab']}, width {s['width']}, {s['layers']} layers, "
-      f"{s['experts']} experts (ours: moe_impl={s['moe_impl']}); batch {s['batch']}, prompt {s['prompt_len']}, "
+      f"{s['experts']} experts (ours: moe_impl={s['moe_impl']}, matmuls {s.get('matmul_dtype', s['dtype'])}); batch {s['batch']}, prompt {s['prompt_len']}, "
       f"{s['canvases']} canvas(es) of {s['canvas']}, {s['steps']} steps; {s['cpu_count']} CPU cores, "
       f"torch threads {s['torch_threads']}",
       "",

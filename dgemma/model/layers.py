@@ -179,7 +179,7 @@ experts_ragged_dot = experts_sorted  # the XLA path: lax.ragged_dot as the group
 
 
 def experts_dense(x_TxD: Array, weights_TxK: Array, experts_TxK: Array, gate_up_ExDx2F: Array,
-                  down_ExFxD: Array) -> Array:
+                  down_ExFxD: Array, operand_dtype: str = "") -> Array:
   """The same function as `experts_sorted`, with every token through every expert (weight 0 where not chosen).
 
   E/k times the FLOPs, but plain matmuls only: on CPU, with the few tokens of a denoising step, that is cheaper
@@ -189,8 +189,13 @@ def experts_dense(x_TxD: Array, weights_TxK: Array, experts_TxK: Array, gate_up_
   num_experts = gate_up_ExDx2F.shape[0]
   one_hot = jax.nn.one_hot(experts_TxK, num_experts, dtype=weights_TxK.dtype)
   combine_TxE = jnp.einsum("tk,tke->te", weights_TxK, one_hot).astype(x_TxD.dtype)
-  h_TxExF = geglu_fused(jnp.einsum("td,edf->tef", x_TxD, gate_up_ExDx2F)) * combine_TxE[:, :, None]
-  return jnp.einsum("tef,efd->td", h_TxExF, down_ExFxD)
+  if operand_dtype == "bfloat16":  # ModelConfig.matmul_dtype: bf16 operands, f32 accumulation
+    einsum = lambda spec, a, b: jnp.einsum(spec, a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
+                                           preferred_element_type=jnp.float32).astype(x_TxD.dtype)
+  else:
+    einsum = jnp.einsum
+  h_TxExF = geglu_fused(einsum("td,edf->tef", x_TxD, gate_up_ExDx2F)) * combine_TxE[:, :, None]
+  return einsum("tef,efd->td", h_TxExF, down_ExFxD)
 
 
 class MoE(nn.Module):
@@ -215,7 +220,7 @@ class MoE(nn.Module):
       from pallas_kernels import moe as moe_kernels  # imported lazily: optional GPU path
       y = moe_kernels.moe_experts(x_TxD, weights, experts, gate_up, down)
     elif cfg.moe_impl == "dense":
-      y = experts_dense(x_TxD, weights, experts, gate_up, down)
+      y = experts_dense(x_TxD, weights, experts, gate_up, down, cfg.matmul_dtype)
     else:
       y = experts_ragged_dot(x_TxD, weights, experts, gate_up, down)
     return y.reshape(shape)
@@ -249,10 +254,10 @@ class Embedder(nn.Module):
   def encode_soft(self, logits_BxTxV: Float[Array, "B T V"]) -> Array:
     """Soft embedding of logits: softmax(ℓ) @ E · sqrt(D) (self-conditioning input)."""
     probs = jax.nn.softmax(logits_BxTxV.astype(jnp.float32), axis=-1).astype(self.embedding.dtype)
-    return token_matmul(probs, self.embedding) * self.scale()
+    return token_matmul(probs, self.embedding, operand_dtype=self.config.matmul_dtype) * self.scale()
 
   def decode(self, x_BxTxD: Array) -> Float[Array, "B T V"]:
     """Tied unembedding, cast to float32, then the final softcap."""
-    logits = token_matmul(x_BxTxD, self.embedding.T).astype(jnp.float32)
+    logits = token_matmul(x_BxTxD, self.embedding.T, operand_dtype=self.config.matmul_dtype).astype(jnp.float32)
     cap = self.config.final_softcap
     return logits if cap is None else cap * jnp.tanh(logits / cap)

@@ -8,7 +8,7 @@ import pytest
 
 from dgemma import model
 from dgemma.config import small_dense
-from dgemma.model.layers import mixed_matmul, token_matmul
+from dgemma.model.layers import experts_dense, mixed_matmul, token_matmul
 
 
 def _bf16(x):
@@ -42,20 +42,45 @@ def test_token_matmul_flattens_the_same_way_in_both_dtypes():
                              atol=1e-5)
 
 
+def test_dense_experts_multiply_bf16_operands():
+  """The dense MoE path (every expert, weighted): float64 products of the bf16-rounded input and weights, and of
+  the rounded hidden activations before the down projection."""
+  rng = np.random.default_rng(3)
+  t, d, e, f, k = 7, 16, 4, 8, 2
+  x = jnp.asarray(rng.normal(size=(t, d)), jnp.float32)
+  gate_up = jnp.asarray(rng.normal(size=(e, d, 2 * f)), jnp.float32)
+  down = jnp.asarray(rng.normal(size=(e, f, d)), jnp.float32)
+  experts = jnp.asarray(np.stack([rng.choice(e, k, replace=False) for _ in range(t)]), jnp.int32)
+  weights = jnp.asarray(rng.uniform(size=(t, k)), jnp.float32)
+  got = experts_dense(x, weights, experts, gate_up, down, "bfloat16")
+  combine = np.zeros((t, e))
+  np.put_along_axis(combine, np.asarray(experts), np.asarray(weights, np.float64), axis=1)
+  pre = np.einsum("td,edf->tef", _bf16(x), _bf16(gate_up))
+  gate, up = pre[..., :f], pre[..., f:]
+  gelu = 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate ** 3)))
+  hidden = (gelu * up).astype(np.float32) * combine[:, :, None].astype(np.float32)
+  expected = np.einsum("tef,efd->td", _bf16(hidden), _bf16(down))
+  np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-3 * np.abs(expected).max())
+  plain = experts_dense(x, weights, experts, gate_up, down)
+  assert np.abs(np.asarray(plain) - expected).max() > np.abs(np.asarray(got) - expected).max()
+
+
 def test_model_in_mixed_precision_stays_close_to_float32():
-  """Same parameters, the whole denoiser: bf16 operands move the logits by about bf16's precision, and the
-  loss gradient keeps its direction."""
-  config = small_dense(vocab_size=13, width=32, num_layers=2, num_heads=2, canvas_length=9)
+  """Same parameters, the whole denoiser (self-conditioned, so the soft embedding too): bf16 operands move the
+  logits by about bf16's precision, and the loss gradient keeps its direction."""
+  config = small_dense(vocab_size=13, width=32, num_layers=2, num_heads=2, canvas_length=8)
   mixed = config.replace(matmul_dtype="bfloat16")
   params = model.init_params(config, jax.random.key(0))
   rng = np.random.default_rng(2)
-  prompt = jnp.asarray(rng.integers(0, 13, (3, 6)), jnp.int32)
-  canvas = jnp.asarray(rng.integers(0, 13, (3, 9)), jnp.int32)
-  targets = jnp.asarray(rng.integers(0, 13, (3, 9)), jnp.int32)
+  v = config.vocab_size
+  prompt = jnp.asarray(rng.integers(0, v, (3, 6)), jnp.int32)
+  canvas = jnp.asarray(rng.integers(0, v, (3, 8)), jnp.int32)
+  targets = jnp.asarray(rng.integers(0, v, (3, 8)), jnp.int32)
+  previous = jnp.asarray(rng.normal(size=(3, 8, v)), jnp.float32)
 
   def loss(params, cfg):
     _, cache = model.encode(params, cfg, prompt, model.init_cache(cfg, 3, 6))
-    logits = model.denoise(params, cfg, canvas, cache)
+    logits = model.denoise(params, cfg, canvas, cache, previous)
     return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)), logits
 
   (l32, logits32), g32 = jax.value_and_grad(loss, has_aux=True)(params, config)
