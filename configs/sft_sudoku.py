@@ -30,7 +30,8 @@ from dgemma.training.config_utils import parse_arg
 SIZES = {  # width, layers, heads, batch, steps
     "debug": (32, 2, 2, 4, 6),
     "small": (128, 6, 4, 48, 2500),  # an hour alone on 2 cores, evaluations included: 57.8 min at ~37 examples/s,
-    #                                   63.4 min on a slower instance of the same machine (~34 examples/s)
+    #                                   63.4 min on a slower instance of the same machine (~34 examples/s),
+    #                                   ~101 min (estimated) on a Zen 3 instance without AVX-512 (19.7 examples/s)
     "large": (256, 8, 8, 64, 10000),  # the headline attempt: ~5x the FLOPs per example; hours of CPU, or a GPU
 }
 
