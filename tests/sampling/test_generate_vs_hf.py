@@ -98,8 +98,8 @@ def test_generate_matches_hf_generate(checkpoint):
   hf_tokens = theirs.sequences[:, P:].numpy()
   is_stop = np.isin(hf_tokens.reshape(B, n, C), STOP_IDS).any(-1)
   done_before = np.concatenate([np.zeros((B, 1), bool), np.cumsum(is_stop, 1)[:, :-1] > 0], axis=1)
-  active_gaps = [gap[~finished & ~done_before[:, canvas]] for canvas, finished, _, gap in hf_steps]
-  smallest = min(g.min() for g in active_gaps if g.size)
+  running = [~finished & ~done_before[:, canvas] for canvas, finished, _, _ in hf_steps]  # per HF step, [B]
+  smallest = min(gap[active].min() for (*_, gap), active in zip(hf_steps, running) if active.any())
   assert smallest >= TIE_MARGIN, f"ill-posed inputs: an argmax near-tie (top-2 gap {smallest:.1e}); pick others"
 
   tokens = np.asarray(ours.tokens)
@@ -108,8 +108,7 @@ def test_generate_matches_hf_generate(checkpoint):
 
   # HF's per-row pass count, canvas by canvas: steps taken while the row was neither stopped nor finished.
   hf_counts = np.zeros((B, n), int)
-  for canvas, finished, argmax, _ in hf_steps:
-    active = ~finished & ~done_before[:, canvas]
+  for (canvas, _, argmax, _), active in zip(hf_steps, running):
     hf_counts[:, canvas] += active
     k = hf_counts[:, canvas] - 1
     for row in np.flatnonzero(active):  # our trajectory holds the same argmax canvas for that step
