@@ -12,6 +12,14 @@ from dgemma.diffusion import corruption, losses, objective
 from dgemma.model.transformer import DiffusionGemma
 
 CONFIG = tiny_moe(canvas_length=4, num_layers=2, layer_types=("local", "global"))
+# The brute-force references call the model jitted: dispatched op by op, they took minutes on 2 cores.
+encode = jax.jit(model.encode, static_argnums=1)
+denoise = jax.jit(model.denoise, static_argnums=1)
+
+
+def jit_loss(cfg):
+  """objective.loss_fn under jit for one objective config (bad configs still raise while tracing)."""
+  return jax.jit(lambda params, batch, key: objective.loss_fn(params, CONFIG, cfg, batch, key))
 
 
 def _cfg(**kw):
@@ -56,8 +64,8 @@ def test_training_view_equals_sampler_view():
     return m.apply({"params": params}, noisy, cache.with_end(jnp.full((2,), 5 + s * 4)), method=m.denoise)
 
   train_view = train_view_fn(params)
-  _, prefix = model.encode(params, CONFIG, full[:, :5 + s * 4], model.init_cache(CONFIG, 2, 17), valid[:, :5 + s * 4])
-  sampler_view = model.denoise(params, CONFIG, noisy, prefix)
+  _, prefix = encode(params, CONFIG, full[:, :5 + s * 4], model.init_cache(CONFIG, 2, 17), valid[:, :5 + s * 4])
+  sampler_view = denoise(params, CONFIG, noisy, prefix)
   np.testing.assert_allclose(train_view, sampler_view, atol=1e-5)
 
 
@@ -98,13 +106,13 @@ def test_diffusion_loss_covers_exactly_canvas_s(self_cond_prob, passes, random_p
     sb = int(s[b])
     prefix_len = 5 + 4 * sb
     full = jnp.concatenate([batch["prompt"], batch["canvas"]], 1)[b:b + 1]
-    _, cache = model.encode(params, CONFIG, full[:, :prefix_len], model.init_cache(CONFIG, 1, 13))
+    _, cache = encode(params, CONFIG, full[:, :prefix_len], model.init_cache(CONFIG, 1, 13))
     x0 = batch["canvas"][b:b + 1, 4 * sb:4 * sb + 4]
     noisy = x_t[b:b + 1, 4 * sb:4 * sb + 4]
-    logits = model.denoise(params, CONFIG, noisy, cache)
+    logits = denoise(params, CONFIG, noisy, cache)
     if b in sc_rows:
       for _ in range(row_passes[b]):
-        logits = model.denoise(params, CONFIG, noisy, cache, logits)
+        logits = denoise(params, CONFIG, noisy, cache, logits)
     ce = losses.token_cross_entropy(logits, x0)[0]
     mask = batch["canvas_mask"][b, 4 * sb:4 * sb + 4]
     expected.append(float(jnp.sum(ce * mask) / jnp.sum(mask)))
@@ -135,7 +143,7 @@ def test_self_conditioning_grad_passes_train_through_the_signal(grad_passes):
         logits = jax.lax.stop_gradient(logits)
     return jnp.mean(losses.token_cross_entropy(model.denoise(p, CONFIG, x_t, cache, logits), batch["canvas"]))
 
-  expected = jax.grad(brute_force_loss)(params)
+  expected = jax.jit(jax.grad(brute_force_loss))(params)
   jax.tree_util.tree_map(lambda g, e: np.testing.assert_allclose(g, e, rtol=2e-3, atol=1e-6), grads, expected)
   with pytest.raises(ValueError, match="self_cond_grad_passes"):
     objective.loss_fn(params, CONFIG, _cfg(self_cond_prob=1.0, self_cond_passes=1, self_cond_grad_passes=2),
@@ -173,12 +181,12 @@ def test_autoregressive_baseline_loss_is_the_canvas_next_token_ce():
            "canvas": jnp.asarray(rng.integers(3, 64, (2, 8)), jnp.int32),
            "canvas_mask": jnp.asarray([[1] * 8, [1] * 5 + [0] * 3], bool)}
   cfg = _cfg(diffusion_loss_weight=0.0, ar_targets="canvas")
-  loss, metrics = objective.loss_fn(params, CONFIG, cfg, batch, jax.random.key(0))
+  loss, metrics = jit_loss(cfg)(params, batch, jax.random.key(0))
   assert "diffusion_loss" not in metrics and "loss_by_t_sum" not in metrics
   expected = []
   for b in range(2):
     full = jnp.concatenate([batch["prompt"], batch["canvas"]], 1)[b:b + 1]
-    logits, _ = model.encode(params, CONFIG, full, model.init_cache(CONFIG, 1, 13))
+    logits, _ = encode(params, CONFIG, full, model.init_cache(CONFIG, 1, 13))
     n = int(batch["canvas_mask"][b].sum())
     # Position 4 (last prompt token) predicts canvas token 0, ..., position 4+n-1 predicts canvas token n-1.
     ce = losses.token_cross_entropy(logits[:, 4:4 + n], full[:, 5:5 + n])
@@ -197,8 +205,8 @@ def test_ordered_noise_needs_a_rank_and_trains_with_one():
   with pytest.raises(ValueError, match="noise_rank"):
     objective.loss_fn(params, CONFIG, cfg, batch, jax.random.key(1))
   batch["noise_rank"] = jnp.asarray([[0, 1, 2, 3], [3, 2, 1, 0]], jnp.float32)
-  loss, _ = objective.loss_fn(params, CONFIG, cfg, batch, jax.random.key(1))
-  plain, _ = objective.loss_fn(params, CONFIG, _cfg(ar_loss_weight=0.0), batch, jax.random.key(1))
+  loss, _ = jit_loss(cfg)(params, batch, jax.random.key(1))
+  plain, _ = jit_loss(_cfg(ar_loss_weight=0.0))(params, batch, jax.random.key(1))
   assert np.isfinite(loss) and loss != plain  # the ranked corruption changed the noisy canvas
 
 
@@ -241,8 +249,9 @@ def test_noise_draws_equal_a_batch_of_repeated_examples(self_cond_prob, ar_weigh
            "canvas_mask": jnp.asarray([[1] * 8, [1] * 5 + [0] * 3, [1] * 8], bool)}
   repeated = {key: jnp.repeat(value, k, axis=0) for key, value in batch.items()}
   cfg = dict(self_cond_prob=self_cond_prob, self_cond_passes=2, ar_loss_weight=ar_weight)
-  grad = lambda c, bt: jax.value_and_grad(
-      lambda p: objective.loss_fn(p, CONFIG, c, bt, jax.random.key(9)), has_aux=True)(params)
+  # Jitted: op-by-op dispatch of this loss and its gradient takes minutes on 2 cores, one compile seconds.
+  grad = lambda c, bt: jax.jit(jax.value_and_grad(
+      lambda p, bt: objective.loss_fn(p, CONFIG, c, bt, jax.random.key(9)), has_aux=True))(params, bt)
   (loss_k, metrics_k), grads_k = grad(_cfg(noise_draws=k, **cfg), batch)
   (loss_rep, metrics_rep), grads_rep = grad(_cfg(**cfg), repeated)
   np.testing.assert_allclose(float(loss_k), float(loss_rep), rtol=1e-6)

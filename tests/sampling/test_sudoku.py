@@ -240,7 +240,7 @@ def test_restarts_are_fresh_attempts_of_the_plain_sampler():
   path = str(ROOT / "assets/sudoku-small")
   config, params, metadata = load_model(path)
   task = sudoku_sampling.load_task(config, metadata, path)
-  puzzles = sudoku.generate_dataset(32, 99, 24, 36)["puzzle"]  # mixed: some rows need more than one attempt
+  puzzles = sudoku.generate_dataset(16, 99, 24, 36)["puzzle"]  # mixed: some rows need more than one attempt
   tokens, valid = task.prompts(puzzles)
   length, attempts = 8, 4
   plain = task.sampler(sampler_config(metadata, max_denoising_steps=length))
