@@ -12,13 +12,11 @@ from dgemma.diffusion import corruption, losses, objective
 from dgemma.model.transformer import DiffusionGemma
 
 CONFIG = tiny_moe(canvas_length=4, num_layers=2, layer_types=("local", "global"))
-# The brute-force references call the model jitted: dispatched op by op, they took minutes on 2 cores.
-encode = jax.jit(model.encode, static_argnums=1)
-denoise = jax.jit(model.denoise, static_argnums=1)
 
 
 def jit_loss(cfg):
-  """objective.loss_fn under jit for one objective config (bad configs still raise while tracing)."""
+  """objective.loss_fn under jit for one objective config: dispatched op by op, a loss and its gradient took
+  minutes on 2 cores (bad configs still raise, while tracing)."""
   return jax.jit(lambda params, batch, key: objective.loss_fn(params, CONFIG, cfg, batch, key))
 
 
@@ -64,8 +62,8 @@ def test_training_view_equals_sampler_view():
     return m.apply({"params": params}, noisy, cache.with_end(jnp.full((2,), 5 + s * 4)), method=m.denoise)
 
   train_view = train_view_fn(params)
-  _, prefix = encode(params, CONFIG, full[:, :5 + s * 4], model.init_cache(CONFIG, 2, 17), valid[:, :5 + s * 4])
-  sampler_view = denoise(params, CONFIG, noisy, prefix)
+  _, prefix = model.encode(params, CONFIG, full[:, :5 + s * 4], model.init_cache(CONFIG, 2, 17), valid[:, :5 + s * 4])
+  sampler_view = model.denoise(params, CONFIG, noisy, prefix)
   np.testing.assert_allclose(train_view, sampler_view, atol=1e-5)
 
 
@@ -106,13 +104,13 @@ def test_diffusion_loss_covers_exactly_canvas_s(self_cond_prob, passes, random_p
     sb = int(s[b])
     prefix_len = 5 + 4 * sb
     full = jnp.concatenate([batch["prompt"], batch["canvas"]], 1)[b:b + 1]
-    _, cache = encode(params, CONFIG, full[:, :prefix_len], model.init_cache(CONFIG, 1, 13))
+    _, cache = model.encode(params, CONFIG, full[:, :prefix_len], model.init_cache(CONFIG, 1, 13))
     x0 = batch["canvas"][b:b + 1, 4 * sb:4 * sb + 4]
     noisy = x_t[b:b + 1, 4 * sb:4 * sb + 4]
-    logits = denoise(params, CONFIG, noisy, cache)
+    logits = model.denoise(params, CONFIG, noisy, cache)
     if b in sc_rows:
       for _ in range(row_passes[b]):
-        logits = denoise(params, CONFIG, noisy, cache, logits)
+        logits = model.denoise(params, CONFIG, noisy, cache, logits)
     ce = losses.token_cross_entropy(logits, x0)[0]
     mask = batch["canvas_mask"][b, 4 * sb:4 * sb + 4]
     expected.append(float(jnp.sum(ce * mask) / jnp.sum(mask)))
@@ -186,7 +184,7 @@ def test_autoregressive_baseline_loss_is_the_canvas_next_token_ce():
   expected = []
   for b in range(2):
     full = jnp.concatenate([batch["prompt"], batch["canvas"]], 1)[b:b + 1]
-    logits, _ = encode(params, CONFIG, full, model.init_cache(CONFIG, 1, 13))
+    logits, _ = model.encode(params, CONFIG, full, model.init_cache(CONFIG, 1, 13))
     n = int(batch["canvas_mask"][b].sum())
     # Position 4 (last prompt token) predicts canvas token 0, ..., position 4+n-1 predicts canvas token n-1.
     ce = losses.token_cross_entropy(logits[:, 4:4 + n], full[:, 5:5 + n])
@@ -249,7 +247,7 @@ def test_noise_draws_equal_a_batch_of_repeated_examples(self_cond_prob, ar_weigh
            "canvas_mask": jnp.asarray([[1] * 8, [1] * 5 + [0] * 3, [1] * 8], bool)}
   repeated = {key: jnp.repeat(value, k, axis=0) for key, value in batch.items()}
   cfg = dict(self_cond_prob=self_cond_prob, self_cond_passes=2, ar_loss_weight=ar_weight)
-  # Jitted: op-by-op dispatch of this loss and its gradient takes minutes on 2 cores, one compile seconds.
+  # Jitted, as jit_loss.
   grad = lambda c, bt: jax.jit(jax.value_and_grad(
       lambda p, bt: objective.loss_fn(p, CONFIG, c, bt, jax.random.key(9)), has_aux=True))(params, bt)
   (loss_k, metrics_k), grads_k = grad(_cfg(noise_draws=k, **cfg), batch)
