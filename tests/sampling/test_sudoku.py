@@ -192,11 +192,12 @@ def test_eval_script_sampler_knobs_follow_the_checkpoint(ckpt, tmp_path, capsys)
   assert used["flag"][:3] == (1.5, 0.7, 2) and used["flag"][3] <= 2
 
 
-def test_shipped_checkpoint_solves_with_its_recorded_sampler(capsys):
-  """assets/sudoku-small works right after install: sample.py reads its recorded (hot) sampler and keeps the
+@pytest.mark.parametrize("asset", ["sudoku-small", "sudoku-small-5200steps"])
+def test_shipped_checkpoint_solves_with_its_recorded_sampler(capsys, asset):
+  """The shipped checkpoints work right after install: sample.py reads the recorded (hot) sampler and keeps the
   clues of an easy puzzle (checked against the grid, not the script's own verdict)."""
   sampler = _script("sample.py")
-  rc = sampler.main(["sample.py", f"--ckpt={ROOT / 'assets/sudoku-small'}", f"--prompt={CLASSIC}"])
+  rc = sampler.main(["sample.py", f"--ckpt={ROOT / 'assets' / asset}", f"--prompt={CLASSIC}"])
   out = capsys.readouterr().out
   assert rc == 0
   assert "t 1.5 -> 1.2" in out  # the checkpoint's sampler, not the released model's 0.8 -> 0.4
