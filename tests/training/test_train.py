@@ -128,6 +128,23 @@ def test_lora_trains_only_adapters_and_merges(tmp_path):
   assert not any("embedding" in k or "norm" in k for k in changed), changed
 
 
+def test_training_continues_on_a_grown_model(tmp_path):
+  """scripts/grow_model.py's output trains with init_from and the new depth; the inserted layers learn."""
+  from dgemma import checkpoints, grow
+  train.train(debug_config(tmp_path, num_train_steps=3), str(tmp_path / "base_run"))
+  config, params, metadata = load_model(str(tmp_path / "base_run" / "model"))
+  checkpoints.save_model(str(tmp_path / "grown"), *grow.grow_depth(config, params, [0, 1]), metadata)
+  shallow = debug_config(tmp_path, num_train_steps=3, init_from=str(tmp_path / "grown"))
+  with pytest.raises(ValueError, match=r"config.model.num_layers=2 differs from the init_from checkpoint \(4\)"):
+    train.train(shallow, str(tmp_path / "wrong_depth"))
+  c = debug_config(tmp_path, num_train_steps=3, init_from=str(tmp_path / "grown"),
+                   **{"model.num_layers": 4, "optimizer.warmup_steps": 1})
+  train.train(c, str(tmp_path / "grown_run"))
+  tuned = _params(str(tmp_path / "grown_run"))
+  for inserted in ("layer_1", "layer_3"):
+    assert float(np.abs(tuned[inserted]["post_ffw_norm"]["scale"]).max()) > 0, inserted
+
+
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
   c = debug_config(tmp_path, num_train_steps=12)
   train.train(c, str(tmp_path / "run"), stop_at_step=3)  # a good checkpoint at step 3
