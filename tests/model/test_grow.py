@@ -1,9 +1,6 @@
 """Depth growth (dgemma/grow.py, scripts/grow_model.py): the grown model computes the original's logits exactly,
 and its new layers are trainable."""
 
-import importlib.util
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,9 +8,9 @@ import pytest
 
 from dgemma import checkpoints, grow, model
 from dgemma.config import GLOBAL, LOCAL, tiny_moe
+from tests.script_loader import load_script
 
 CONFIG = tiny_moe()  # local and global layers, dense GeGLU and MoE branches
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -70,17 +67,10 @@ def test_bad_indices_are_one_line_errors(params):
     grow.grow_depth(CONFIG, params, [])
 
 
-def _script():
-  spec = importlib.util.spec_from_file_location("grow_model", os.path.join(ROOT, "scripts", "grow_model.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 def test_script_writes_a_loadable_deeper_checkpoint(params, tmp_path, capsys):
   src, out = str(tmp_path / "src"), str(tmp_path / "grown")
   checkpoints.save_model(src, CONFIG, params, {"task": {"name": "demo"}})
-  script = _script()
+  script = load_script("scripts/grow_model.py")
   assert script.main(["grow_model.py", f"--ckpt={src}", f"--out={out}"]) == 0
   config, grown, metadata = checkpoints.load_model(out)  # checks the parameter shapes against the config
   assert config.num_layers == 2 * CONFIG.num_layers and metadata["task"] == {"name": "demo"}

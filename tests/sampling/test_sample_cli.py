@@ -1,6 +1,6 @@
 """sample.py on a tiny text checkpoint with its own tokenizer: output, step-by-step display, and bad input."""
 
-import importlib.util
+import importlib
 import json
 import os
 import pathlib
@@ -14,16 +14,14 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from dgemma import model
 from dgemma.checkpoints import save_model
 from dgemma.config import small_dense
+from tests.script_loader import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORDS = "why is the sky blue because light scatters in air and red sun".split()
 
 
 def _sample_module():
-  spec = importlib.util.spec_from_file_location("sample_under_test", ROOT / "sample.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("sample.py")
 
 
 def _write_tokenizer(path, chat_template):

@@ -1,6 +1,5 @@
 """Sudoku: prompts, solving with both decoders, the evaluation script and sample.py on a digit-vocab model."""
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -19,17 +18,11 @@ from dgemma.config import small_dense
 from dgemma.data import sudoku, sudoku_formats, sudoku_task, sudoku_text
 from dgemma.sampling import SamplerConfig
 from dgemma.sampling import sudoku as sudoku_sampling
+from tests.script_loader import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CLASSIC = "530070000600195000098000060800060003400803001700020006060000280000419005000080079"
 SAMPLER = SamplerConfig(max_denoising_steps=4)  # what eval_sudoku.py builds from --max_steps=4
-
-
-def _script(relative):
-  spec = importlib.util.spec_from_file_location(pathlib.Path(relative).stem + "_under_test", ROOT / relative)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +115,7 @@ def test_text_format_task(tmp_path, data):
 
 
 def test_summarize_counts_and_scores(data):
-  evaluator = _script("scripts/eval_sudoku.py")
+  evaluator = load_script("scripts/eval_sudoku.py")
   d = dict(data, num_clues=(data["puzzle"] != 0).sum(1), needs_search=np.array([False, False, True, True]))
   steps, tpf = np.array([2, 4, 6, 8]), np.ones(4)
   perfect = evaluator.summarize(d, d["solution"], steps, tpf)
@@ -137,7 +130,7 @@ def test_summarize_counts_and_scores(data):
 
 def test_eval_script_writes_json(ckpt, tmp_path, capsys):
   path, _, _ = ckpt
-  evaluator = _script("scripts/eval_sudoku.py")
+  evaluator = load_script("scripts/eval_sudoku.py")
   out = tmp_path / "r.json"
   rc = evaluator.main(["eval_sudoku.py", f"--ckpt={path / 'ckpt'}", f"--data={path / 'puzzles.csv'}",
                        "--mode=both", "--max_steps=4", "--batch_size=3", f"--json_out={out}"])
@@ -157,7 +150,7 @@ def test_eval_script_writes_json(ckpt, tmp_path, capsys):
 def test_eval_script_self_conditioning_follows_the_checkpoint(ckpt, tmp_path, capsys):
   """auto: off for a checkpoint recorded as trained without self-conditioning, on otherwise; a flag overrides."""
   path, config, params = ckpt
-  evaluator = _script("scripts/eval_sudoku.py")
+  evaluator = load_script("scripts/eval_sudoku.py")
   save_model(str(tmp_path / "no_sc"), config, params,
              {"task": {"name": "sudoku_digits", "prompt_len": 82}, "self_conditioning": False})
   used = {}
@@ -174,7 +167,7 @@ def test_eval_script_self_conditioning_follows_the_checkpoint(ckpt, tmp_path, ca
 def test_eval_script_sampler_knobs_follow_the_checkpoint(ckpt, tmp_path, capsys):
   """Knobs without a flag come from the checkpoint's recorded defaults, else the released model's; flags win."""
   path, config, params = ckpt
-  evaluator = _script("scripts/eval_sudoku.py")
+  evaluator = load_script("scripts/eval_sudoku.py")
   save_model(str(tmp_path / "hot"), config, params, {"task": {"name": "sudoku_digits", "prompt_len": 82},
                                                      "sampler": {"t_max": 1.5, "t_min": 1.1, "max_denoising_steps": 3}})
   used = {}
@@ -196,7 +189,7 @@ def test_eval_script_sampler_knobs_follow_the_checkpoint(ckpt, tmp_path, capsys)
 def test_shipped_checkpoint_solves_with_its_recorded_sampler(capsys, asset):
   """The shipped checkpoints work right after install: sample.py reads the recorded (hot) sampler and keeps the
   clues of an easy puzzle (checked against the grid, not the script's own verdict)."""
-  sampler = _script("sample.py")
+  sampler = load_script("sample.py")
   rc = sampler.main(["sample.py", f"--ckpt={ROOT / 'assets' / asset}", f"--prompt={CLASSIC}"])
   out = capsys.readouterr().out
   assert rc == 0
@@ -212,7 +205,7 @@ def test_eval_samples_answer_with_a_sample_that_obeys_the_rules(tmp_path):
   here against the solutions, which the script never sees; steps add up over the samples."""
   from dgemma.checkpoints import load_model
   from dgemma.sampling import sampler_config
-  evaluator = _script("scripts/eval_sudoku.py")
+  evaluator = load_script("scripts/eval_sudoku.py")
   path = str(ROOT / "assets/sudoku-small")
   config, params, metadata = load_model(path)
   task = sudoku_sampling.load_task(config, metadata, path)
@@ -278,7 +271,7 @@ def test_bad_restart_knobs(bad, message):
 
 def test_eval_script_errors(ckpt, tmp_path, capsys):
   path, _, _ = ckpt
-  evaluator = _script("scripts/eval_sudoku.py")
+  evaluator = load_script("scripts/eval_sudoku.py")
   text_model = tmp_path / "text"
   config = small_dense(16, width=16, num_layers=1, num_heads=2, canvas_length=8)
   save_model(str(text_model), config, model.init_params(config, jax.random.key(0)))
@@ -299,7 +292,7 @@ def test_eval_script_errors(ckpt, tmp_path, capsys):
 
 def test_sample_script_solves_and_shows_steps(ckpt, tmp_path, capsys):
   path, _, _ = ckpt
-  sampler = _script("sample.py")
+  sampler = load_script("sample.py")
   html = tmp_path / "steps.html"
   rc = sampler.main(["sample.py", f"--ckpt={path / 'ckpt'}", f"--prompt={CLASSIC}", "--steps=4",
                      f"--show_steps_html={html}"])

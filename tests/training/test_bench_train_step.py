@@ -1,20 +1,17 @@
 """scripts/bench_train_step.py: it times the real train step, whose FLOP count follows the batch."""
 
 import functools
-import importlib.util
 import os
 
 from configs import sft_sudoku
+from tests.script_loader import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @functools.cache  # once per process: the script defines absl flags
 def _bench_module():
-  spec = importlib.util.spec_from_file_location("bench_train_step", os.path.join(ROOT, "scripts", "bench_train_step.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("scripts/bench_train_step.py")
 
 
 def test_step_flops_scale_with_the_batch(tmp_path):

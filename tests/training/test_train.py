@@ -1,6 +1,5 @@
 """The training run end to end on the debug config: learning, resume, logs, errors."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import train
 from configs import sft_sudoku
 from dgemma.checkpoints import load_model
 from dgemma.training import checkpointing, metrics
+from tests.script_loader import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -64,9 +64,7 @@ def test_killed_run_resumes_bit_identically(tmp_path, ordered_noise_prob, ema_de
     with pytest.raises(ValueError, match="no moving average with decay 0.5"):
       checkpointing.load_inference(str(tmp_path / "resumed"), ema_decay=0.5)
     # scripts/export_model.py writes any saved step's average; a step that was not saved is one error line.
-    spec = importlib.util.spec_from_file_location("export_model_under_test", os.path.join(ROOT, "scripts/export_model.py"))
-    export = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(export)
+    export = load_script("scripts/export_model.py")
     out = tmp_path / "ema_at_3"
     assert export.main(["export_model.py", f"--workdir={tmp_path / 'resumed'}", "--step=3",
                         f"--ema={ema_decays[0]}", f"--out={out}"]) == 0
