@@ -130,7 +130,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sampler = ml_collections.ConfigDict(dict(t_max=1.5, t_min=1.2, confidence_threshold=0.05, restart_after=16))
 
   c.optimizer = ml_collections.ConfigDict(dict(
-      name="adam", learning_rate=3e-3, end_learning_rate=3e-4, warmup_steps=100 if steps > 100 else 1,
+      # "adam", "factored_rms" or "muon" (Muon on the weight matrices, Adam on the rest: optimizer.py)
+      name="adam", muon_lr_multiplier=1.0,
+      learning_rate=3e-3, end_learning_rate=3e-4, warmup_steps=100 if steps > 100 else 1,
       decay_steps=steps, b1=0.95, b2=0.99, eps=1e-8, weight_decay=1e-4, grad_clip_norm=1.0,
       master_dtype="float32",
       # Moving averages of the weights, e.g. (0.995, 0.999): each is evaluated during training beside the weights

@@ -42,11 +42,13 @@ def test_loss_goes_down(tmp_path):
   assert loss[-1] < 0.8 * loss[0], loss
 
 
-# Plain, and with both extra pieces of resumable state at once (ordered-noise draws, moving averages).
-@pytest.mark.parametrize("ordered_noise_prob,ema_decays", [(0.0, ()), (0.5, (0.9,))])
-def test_killed_run_resumes_bit_identically(tmp_path, ordered_noise_prob, ema_decays):
+# Plain, with both extra pieces of resumable state at once (ordered-noise draws, moving averages), and with
+# Muon's partitioned optimizer state.
+@pytest.mark.parametrize("ordered_noise_prob,ema_decays,optimizer_name",
+                         [(0.0, (), "adam"), (0.5, (0.9,), "adam"), (0.0, (), "muon")])
+def test_killed_run_resumes_bit_identically(tmp_path, ordered_noise_prob, ema_decays, optimizer_name):
   c = debug_config(tmp_path, **{"diffusion.ordered_noise_prob": ordered_noise_prob,  # 6 steps, checkpoint every 3
-                                "optimizer.ema_decays": ema_decays})
+                                "optimizer.ema_decays": ema_decays, "optimizer.name": optimizer_name})
   train.train(c, str(tmp_path / "straight"))
   # "Killed" after 4 steps: the checkpoint at step 3 survives, step 4 is lost and redone on resume.
   train.train(c, str(tmp_path / "resumed"), stop_at_step=4)
