@@ -19,7 +19,7 @@ import time
 
 from absl import flags
 
-from dgemma import cli
+from dgemma import cli, huge_pages
 from dgemma.config import MOE_IMPLS
 
 FLAGS = flags.FlagValues()  # private: this module can be imported next to other scripts
@@ -316,4 +316,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+  huge_pages.restart_with_huge_pages()  # faster XLA:CPU buffers (dgemma/huge_pages.py)
   sys.exit(main(sys.argv))

@@ -23,7 +23,7 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from dgemma import checkpoints, model, sampling, sharding
+from dgemma import checkpoints, huge_pages, model, sampling, sharding
 from dgemma.data import sudoku, sudoku_formats, sudoku_task, sudoku_text
 from dgemma.data.tokenizer import load_tokenizer
 from dgemma.training import checkpointing, evaluation, metrics as metrics_lib, optimizer, state as state_lib
@@ -274,4 +274,5 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
+  huge_pages.restart_with_huge_pages()  # 12% faster CPU steps (dgemma/huge_pages.py)
   app.run(main, flags_parser=parse_flags)

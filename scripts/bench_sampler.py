@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from absl import flags  # noqa: E402
 
-from dgemma import cli  # noqa: E402
+from dgemma import cli, huge_pages  # noqa: E402
 from dgemma.config import MOE_IMPLS  # noqa: E402
 
 FLAGS = flags.FlagValues()
@@ -302,4 +302,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+  huge_pages.restart_with_huge_pages()  # faster XLA:CPU buffers (dgemma/huge_pages.py)
   sys.exit(main(sys.argv))
