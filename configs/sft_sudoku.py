@@ -108,7 +108,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       ar_targets="all",  # "canvas": the AR loss only on the canvas (the prompt is given, never predicted)
       # Not in the official recipe: the share of examples whose corrupted cells are the ones a solver deduces
       # last (corruption.corrupt_in_order), so that training canvases look like the sampler's half-solved ones.
-      ordered_noise_prob=0.0))
+      ordered_noise_prob=0.0,
+      # Not in the official recipe: each token's CE weighted by (1 - p(x0))^focus_gamma (MGDM's token-level
+      # reweighting), so the gradient goes to the cells the model still gets wrong; 0 = plain CE.
+      focus_gamma=0.0))
   if args.objective == "ar":  # the autoregressive baseline: same backbone and data, causal, left to right
     c.diffusion.update(dict(diffusion_loss_weight=0.0, ar_loss_weight=1.0, ar_targets="canvas",
                             self_cond_prob=0.0))

@@ -147,9 +147,21 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
     raise ValueError(f"unknown diffusion loss {cfg.loss!r}; choose 'flat_ce' or 'elbo'")
   diffusion_B = losses.masked_mean(per_token, mask_s)
   correct = (jnp.argmax(logits, -1) == x0_s).astype(jnp.float32)
-  metrics["diffusion_loss"] = jnp.mean(diffusion_B)
+  metrics["diffusion_loss"] = jnp.mean(diffusion_B)  # unweighted: comparable across runs and noise bins
   metrics["diffusion_accuracy"] = jnp.mean(losses.masked_mean(correct, mask_s))
-  total = total + cfg.diffusion_loss_weight * metrics["diffusion_loss"]
+  # focus_gamma = g > 0 (not in the official recipe): each token's CE weighted by (1 - p(x0))^g, so the gradient
+  # goes to the cells the model still gets wrong (losses.difficulty_weights).
+  gamma = cfg.get("focus_gamma", 0.0)
+  if gamma < 0:
+    raise ValueError(f"diffusion.focus_gamma must be >= 0, got {gamma}")
+  if gamma > 0:
+    if cfg.loss != "flat_ce":
+      raise ValueError(f"diffusion.focus_gamma weights the flat cross-entropy; it is not defined for loss {cfg.loss!r}")
+    metrics["focused_loss"] = jnp.mean(losses.masked_mean(per_token * losses.difficulty_weights(per_token, gamma),
+                                                          mask_s))
+    total = total + cfg.diffusion_loss_weight * metrics["focused_loss"]
+  else:
+    total = total + cfg.diffusion_loss_weight * metrics["diffusion_loss"]
   metrics["loss"] = total
   if cfg.get("t_tilt", 0.0) > 0:
     metrics["t_tilt"] = tilt
