@@ -140,7 +140,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       master_dtype="float32",
       # Moving averages of the weights, e.g. (0.995, 0.999): each is evaluated during training beside the weights
       # (eval_ema<decay>/* in TensorBoard) and exported as <workdir>/model_ema<decay>/. None by default.
-      ema_decays=()))
+      ema_decays=(),
+      # Update multipliers by parameter name (optimizer.scale_by_name): Adam moves a weight ~lr per step, so the
+      # relation bias, which starts at 0 and must reach ~5-10, would be bounded by the schedule's sum (~4).
+      lr_multipliers=ml_collections.ConfigDict(dict(relation_bias=1.0) if args.positions == "cells" else {})))
   c.lora_rank = 0  # > 0: train LoRA adapters of this rank instead of all weights
 
   # Scale-out (dgemma/sharding.py): a mesh over all devices of all processes, sizes multiply to the device
@@ -150,6 +153,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sharding_rules = sharding.DEFAULT_RULES  # e.g. (("batch", ("data", "fsdp", "expert")), ("embed", "fsdp"), ...)
 
   if args.model or args.init:
+    c.optimizer.lr_multipliers = ml_collections.ConfigDict()  # real checkpoints have no relation bias
     c.eval.every = 0  # text-format models: evaluate the saved model with scripts/eval_sudoku.py
     c.sampler = ml_collections.ConfigDict()  # text models keep their own (the released model's) sampler
   if args.model == "gemma3_270m":  # pretrained AR Gemma 3, diffusionized on load; official text format

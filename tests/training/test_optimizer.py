@@ -92,3 +92,24 @@ def test_expert_axis_is_a_batch_axis():
 def test_unknown_optimizer_is_one_clear_error():
   with pytest.raises(ValueError, match="unknown optimizer 'sgd'.*'muon'"):
     optimizer.make_optimizer(_cfg("sgd"))
+
+
+@pytest.mark.parametrize("name", ["adam", "muon"])
+def test_lr_multipliers_scale_exactly_the_named_parameters(name):
+  """optimizer.lr_multipliers: the named leaves' updates are the plain optimizer's times the factor (relation_bias
+  is in every layer), every other leaf's update is unchanged, and a name no parameter has is one clear error."""
+  params = _params()
+  grads = jax.tree.map(lambda p: jnp.asarray(np.random.default_rng(p.size).normal(size=p.shape), p.dtype), params)
+  plain = _first_update(optimizer.make_optimizer(_cfg(name)), params, grads)
+  c = _cfg(name)
+  c.lr_multipliers = ml_collections.ConfigDict(dict(relation_bias=7.0))
+  scaled = _first_update(optimizer.make_optimizer(c), params, grads)
+  named = 0
+  for (path, got), want in zip(jax.tree_util.tree_flatten_with_path(scaled)[0], jax.tree.leaves(plain)):
+    is_named = path[-1].key == "relation_bias"
+    named += is_named
+    np.testing.assert_allclose(got, want * (7.0 if is_named else 1.0), rtol=1e-6)
+  assert named == len([k for k in params if k.startswith("layer_")])  # one relation bias per layer
+  c.lr_multipliers = ml_collections.ConfigDict(dict(relation_bais=7.0))
+  with pytest.raises(ValueError, match="lr_multipliers names \\['relation_bais'\\], which no trainable parameter"):
+    optimizer.make_optimizer(c).init(params)
