@@ -156,7 +156,13 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   if lead:
     checkpointing.write_run_info(workdir, config, task_metadata)
   # --- Optimizer and state ------------------------------------------------------------------------
-  tx = optimizer.make_optimizer(c.optimizer)
+  optimizer_config = c.optimizer
+  if c.lora_rank and c.optimizer.get("lr_multipliers"):
+    # LoRA trains adapters only: the multipliers name base weights, which stay frozen.
+    if lead:
+      print(f"LoRA: optimizer.lr_multipliers {dict(c.optimizer.lr_multipliers)} not applied (they name frozen weights)")
+    optimizer_config = ml_collections.ConfigDict({**c.optimizer.to_dict(), "lr_multipliers": {}})
+  tx = optimizer.make_optimizer(optimizer_config)
   lr_schedule = optimizer.learning_rate_schedule(c.optimizer)
   state = state_lib.create(params, tx, c.lora_rank, jax.random.key(c.seed + 1), c.optimizer.master_dtype,
                            mesh=mesh, rules=rules, ema_decays=ema_decays)

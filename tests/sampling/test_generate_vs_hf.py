@@ -5,6 +5,13 @@ sides start every canvas from the same tokens. Tokens, steps and trajectories mu
 That holds only where no argmax is a near-tie: the two sides' logits agree to ~1e-5 in float32, so a top-2 gap of
 that size may pick different tokens (seen once: a gap of 7e-5, XLA at optimisation level 0 on an AMD EPYC). The
 inputs are chosen so that every gap is far above that, and the test checks it on HF's logits before comparing.
+
+Both sides stop on stability with a loose confidence threshold (CONFIDENCE): at these temperatures the tempered
+logits are ~1e6, where one float32 ulp is ~0.1, and XLA:CPU may round the division differently in the fusion that
+takes the maximum and in the one that exponentiates (FMA contraction), so our entropy of a one-hot distribution
+comes out at |H| <= ~0.03 instead of 0 (seen on an AMD EPYC Zen 4), which the default 0.005 would turn into a missed
+stop. At real temperatures (logits ~10-100) that error is ~1e-6. The confidence rule itself is checked against
+HF's StableAndConfidentStoppingCriteria in test_pieces_vs_hf.py.
 """
 
 import jax
@@ -20,6 +27,7 @@ B, P, C = 3, 5, 6  # the reference model's canvas_length is 6
 STEPS, MAX_NEW, STOP_IDS = 12, 18, (1, 7)
 INPUT_SEED = 6  # the prompts and starting canvases: every top-2 logit gap of a running row is >= 9.8e-4
 TIE_MARGIN = 5e-4  # 50x the float32 agreement of the two implementations' logits
+CONFIDENCE = 0.5  # far above the entropy error at ~1e6 logits, and every tempered entropy here is ~0
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +85,7 @@ def _hf_generate(hf, prompt, valid, canvases):
   try:
     out = hf.generate(torch.tensor(prompt), attention_mask=torch.tensor(valid.astype(np.int64)),
                       max_new_tokens=MAX_NEW, max_denoising_steps=STEPS, t_min=1e-6, t_max=2e-6,
+                      confidence_threshold=CONFIDENCE,
                       eos_token_id=list(STOP_IDS), pad_token_id=0)
   finally:
     del hf._prepare_denoiser_inputs, hf._denoising_step
@@ -87,8 +96,8 @@ def test_generate_matches_hf_generate(checkpoint):
   hf, config, params = checkpoint
   assert config.pad_id == 0
   prompt, valid, canvases = _inputs()
-  sampler = SamplerConfig(max_denoising_steps=STEPS, t_max=2e-6, t_min=1e-6, max_new_tokens=MAX_NEW,
-                          stop_ids=STOP_IDS, return_trajectory=True)
+  sampler = SamplerConfig(max_denoising_steps=STEPS, t_max=2e-6, t_min=1e-6, confidence_threshold=CONFIDENCE,
+                          max_new_tokens=MAX_NEW, stop_ids=STOP_IDS, return_trajectory=True)
   ours = generate(params, config, prompt, valid, jax.random.key(0), sampler,
                   initial_canvases=np.moveaxis(canvases, 0, 1))
   theirs, hf_steps = _hf_generate(hf, prompt, valid, canvases)
