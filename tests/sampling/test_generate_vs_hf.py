@@ -7,10 +7,10 @@ that size may pick different tokens (seen once: a gap of 7e-5, XLA at optimisati
 inputs are chosen so that every gap is far above that, and the test checks it on HF's logits before comparing.
 
 Both sides stop on stability with a loose confidence threshold (CONFIDENCE): at these temperatures the tempered
-logits are ~1e6, where one float32 ulp is ~0.1, and XLA:CPU may round the division differently in the fusion that
-takes the maximum and in the one that exponentiates (FMA contraction), so our entropy of a one-hot distribution
-comes out at |H| <= ~0.03 instead of 0 (seen on an AMD EPYC Zen 4), which the default 0.005 would turn into a missed
-stop. At real temperatures (logits ~10-100) that error is ~1e-6. The confidence rule itself is checked against
+logits are ~1e6, where one float32 ulp is ~0.1, and XLA:CPU gives the maximum and the exponent's argument values
+that differ by a few ulps (seen on an AMD EPYC Zen 4: exp(x_top - max) of 0.9-1.1; where in the compiled program the
+rounding differs was not pinned down), so our entropy of a one-hot distribution comes out at |H| <= ~0.03 instead
+of 0, which the default 0.005 would turn into a missed stop. At real temperatures (logits ~10-100) that error is ~1e-6. The confidence rule itself is checked against
 HF's StableAndConfidentStoppingCriteria in test_pieces_vs_hf.py.
 """
 
