@@ -31,7 +31,7 @@ SIZES = {  # width, layers, heads, batch, steps
     "debug": (32, 2, 2, 4, 6),
     "small": (128, 6, 4, 48, 2200),  # about an hour alone on 2 cores, evaluations included: 2,500 steps took 57.8
     #                                   and 63.4 min on two instances, 66.8 min on a Zen 4 instance (~33 examples/s),
-    #                                   where these 2,200 took 61.4 min with its host stealing cycles (README Results)
+    #                                   where these 2,200 took 56.1 min (61.4 while its host stole more; README Results)
     "large": (256, 8, 8, 64, 10000),  # the headline attempt: ~5x the FLOPs per example; hours of CPU, or a GPU
 }
 
