@@ -96,6 +96,9 @@ def build_data(c: ml_collections.ConfigDict, config, shard: tuple[int, int, int]
     data = sudoku.generate_dataset(d.num_train, d.seed, d.min_clues, d.max_clues,
                                    cache_dir=os.path.expanduser(d.cache_dir) if d.cache_dir else None,
                                    num_workers=workers)
+  # Puzzles that need search are most of the trained model's failures (README Results); repeating them shifts
+  # the mix towards them. Old configs lack the key.
+  data = sudoku.oversample_search(data, d.get("search_repeat", 1))
   common = dict(batch_size=local_batch, prompt_len=d.prompt_len, canvas_len=config.canvas_length, seed=c.seed,
                 augment=d.augment, shard_index=shard_index, shard_count=shard_count)
   task = {"name": d.task, "prompt_len": d.prompt_len}

@@ -83,6 +83,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       num_train=200 if args.size == "debug" else 20_000, seed=0, min_clues=22, max_clues=36,
       csv="",  # train on a CSV (puzzle,solution or quizzes,solutions) instead of generated puzzles
       cache_dir="~/.cache/dgemma/sudoku", augment=True,
+      search_repeat=1,  # > 1: each puzzle that needs search appears that many times per epoch (oversampling)
       tokenizer=""))  # sudoku_text only: a tokenizer file/directory (default: the init_from directory)
 
   official = args.official or bool(args.init)

@@ -469,6 +469,23 @@ def generate_dataset(
     return data
 
 
+def oversample_search(data: dict[str, np.ndarray], repeat: int) -> dict[str, np.ndarray]:
+    """``data`` with every puzzle that needs search appearing ``repeat`` times (copies appended at the end).
+
+    The copies are separate records, so the training pipeline gives each its own shuffle position and its own
+    random symmetry; ``repeat=1`` returns ``data`` unchanged.
+    """
+    if isinstance(repeat, bool) or not isinstance(repeat, (int, np.integer)) or repeat < 1:
+        raise ValueError(f"data.search_repeat must be an integer >= 1, got {repeat!r}")
+    if repeat == 1:
+        return data
+    if "needs_search" not in data:
+        raise ValueError("search_repeat > 1 needs the 'needs_search' labels (read CSVs with label_difficulty=True)")
+    search = np.flatnonzero(np.asarray(data["needs_search"], bool))
+    order = np.concatenate([np.arange(len(data["needs_search"])), np.tile(search, repeat - 1)])
+    return {k: np.asarray(v)[order] for k, v in data.items()}
+
+
 # --- Deduction order ---------------------------------------------------------
 
 _UNIT_OF_CELL = np.array([[_ROW_OF[i], 9 + _COL_OF[i], 18 + _BOX_OF[i]] for i in range(81)])  # [81, 3]

@@ -453,3 +453,32 @@ def test_pipeline_noise_rank_is_the_rounds_of_the_augmented_puzzle(dataset):
         solutions = (batch["canvas"][:, :81] - 3).astype(np.int8)
         np.testing.assert_array_equal(batch["noise_rank"][:, :81], sudoku.deduction_rounds(puzzles, solutions))
         assert (batch["noise_rank"][:, 81:] == 0).all()  # EOS fill: known from the start
+
+
+def test_oversample_search_repeats_exactly_the_search_puzzles(dataset):
+    assert sudoku.oversample_search(dataset, 1) is dataset
+    search = dataset["needs_search"]
+    assert 0 < search.sum() < len(search)  # the fixture has both kinds, so the test can tell them apart
+    out = sudoku.oversample_search(dataset, 3)
+    assert out.keys() == dataset.keys()
+    assert len(out["puzzle"]) == len(search) + 2 * search.sum()
+    # Every original record stays; each search puzzle appears 3 times, each singles puzzle once.
+    keys = [p.tobytes() for p in out["puzzle"]]
+    for puzzle, needs_search in zip(dataset["puzzle"], search):
+        assert keys.count(puzzle.tobytes()) == (3 if needs_search else 1)
+    # Rows stay aligned across the arrays.
+    for k in range(len(out["puzzle"])):
+        assert ((out["puzzle"][k] == 0) | (out["puzzle"][k] == out["solution"][k])).all()
+        assert out["num_clues"][k] == (out["puzzle"][k] != 0).sum()
+        assert out["needs_search"][k] == (sudoku.solve_with_singles(out["puzzle"][k]) is None)
+    # The copies go through the pipeline as separate records, with their own symmetries.
+    batch = next(iter(sudoku_task.make_train_dataset(out, batch_size=len(out["puzzle"]), prompt_len=84,
+                                                     canvas_len=88, seed=3)))
+    assert batch["needs_search"].sum() == 3 * search.sum()
+    assert len({c.tobytes() for c in batch["canvas"]}) == len(out["puzzle"])
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "2"])
+def test_oversample_search_rejects_bad_repeat(dataset, bad):
+    with pytest.raises(ValueError, match="search_repeat must be an integer >= 1"):
+        sudoku.oversample_search(dataset, bad)
