@@ -13,7 +13,8 @@ difficulty: clue-count buckets as the official eval (easy >= 40, medium 30-39, h
 --samples=K samples every puzzle K times (independent random draws) and answers with the first sample that keeps
 the clues and obeys the rules (a check any Sudoku program can make, without the solution), else the first sample:
 test-time compute, reported apart from the one-sample numbers. Steps and tokens per forward pass then count
-all K samples' denoising steps.
+all K samples' denoising steps; `sequential_mean_steps` is what drawing the samples one after another would
+cost: each puzzle's steps up to and including its first sample that obeys the rules (all K when none does).
 """
 
 from __future__ import annotations
@@ -85,22 +86,25 @@ def load_data(path: str, limit: int = 0) -> dict:
   return data
 
 
-def summarize(data: dict, predictions, steps, tokens_per_forward) -> dict:
-  """Metrics overall and per group; groups without puzzles have count 0 and None metrics."""
+def summarize(data: dict, predictions, steps, tokens_per_forward, sequential_steps=None) -> dict:
+  """Metrics overall and per group; groups without puzzles have count 0 and None metrics. With
+  `sequential_steps` (--samples > 1) each group also has `sequential_mean_steps`."""
   import numpy as np
 
   from dgemma.data import sudoku, sudoku_task
 
   def group(mask):
     n = int(mask.sum())
+    sequential = {} if sequential_steps is None else {
+        "sequential_mean_steps": float(np.mean(sequential_steps[mask])) if n else None}
     if n == 0:
       return {"count": 0, "accuracy": None, "cell_accuracy": None, "clue_preservation": None,
               "exact_clue_preservation": None, "mean_steps": None, "median_steps": None,
-              "tokens_per_forward": None}
+              "tokens_per_forward": None, **sequential}
     scores = sudoku_task.score(data["puzzle"][mask], data["solution"][mask], predictions[mask])
     return {"count": n, **scores, "mean_steps": float(np.mean(steps[mask])),
             "median_steps": float(np.median(steps[mask])),
-            "tokens_per_forward": float(np.mean(tokens_per_forward[mask]))}
+            "tokens_per_forward": float(np.mean(tokens_per_forward[mask])), **sequential}
 
   predictions, steps = np.asarray(predictions), np.asarray(steps)
   tokens_per_forward = np.asarray(tokens_per_forward)
@@ -157,7 +161,8 @@ def evaluate(params, task, data: dict, mode: str, sampler, batch_size: int, seed
              ar_temperature: float = 0.0, samples: int = 1) -> dict:
   """Runs one decoder over all puzzles; returns summarize(...) plus timing. With `samples` > 1 each puzzle is
   decoded that many times (consecutive rows, so each has its own random draws) and answered by its first sample
-  that obeys the rules (`sudoku.first_valid_completion`); steps count all its samples."""
+  that obeys the rules (`sudoku.first_valid_completion`); steps count all its samples, and sequential_mean_steps
+  those a one-at-a-time draw would spend."""
   import numpy as np
 
   from dgemma.data import sudoku
@@ -165,16 +170,29 @@ def evaluate(params, task, data: dict, mode: str, sampler, batch_size: int, seed
   puzzles = np.asarray(data["puzzle"])
   preds, steps, tpf, wall, compile_s = decode(params, task, np.repeat(puzzles, samples, axis=0), mode, sampler,
                                               batch_size, seed, ar_temperature)
+  sequential_steps = None
   if samples > 1:  # one answer per puzzle; the compute of all its samples
     preds_NxKxC = preds.reshape(len(puzzles), samples, -1)
     chosen = [sudoku.first_valid_completion(p, c) for p, c in zip(puzzles, preds_NxKxC)]
     preds = preds_NxKxC[np.arange(len(puzzles)), chosen]
-    steps = steps.reshape(-1, samples).sum(1)
+    steps_NxK = steps.reshape(-1, samples)
+    steps = steps_NxK.sum(1)
     tpf = 1.0 / (1.0 / tpf.reshape(-1, samples)).sum(1)
-  result = summarize(data, preds, steps, tpf)
+    # Drawn one at a time, a puzzle would stop at its first valid sample; with none valid it spends all K.
+    answered_valid = np.array([_obeys_rules(p, a) for p, a in zip(puzzles, preds)])
+    draws = np.where(answered_valid, np.asarray(chosen) + 1, samples)
+    sequential_steps = np.where(np.arange(samples)[None] < draws[:, None], steps_NxK, 0).sum(1)
+  result = summarize(data, preds, steps, tpf, sequential_steps)
   result.update(wall_time_s=wall, compile_time_s=compile_s, samples=samples,
                 puzzles_per_s=len(puzzles) / max(wall, 1e-9))
   return result
+
+
+def _obeys_rules(puzzle, grid) -> bool:
+  from dgemma.data import sudoku
+
+  clues = puzzle != 0
+  return bool((grid[clues] == puzzle[clues]).all() and sudoku.is_valid_solution(grid))
 
 
 def _print(name: str, r: dict) -> None:
@@ -183,8 +201,10 @@ def _print(name: str, r: dict) -> None:
       return f"  {label:<8} n=0"
     return (f"  {label:<8} n={g['count']:<5} acc {g['accuracy']:.3f}  cells {g['cell_accuracy']:.3f}  "
             f"clues {g['clue_preservation']:.3f}  steps {g['mean_steps']:.1f} (median {g['median_steps']:.0f})  "
-            f"tok/fwd {g['tokens_per_forward']:.2f}")
-  each = f", {r['samples']} samples each, answered by the first that obeys the rules" if r["samples"] > 1 else ""
+            f"tok/fwd {g['tokens_per_forward']:.2f}"
+            + (f"  one at a time {g['sequential_mean_steps']:.1f}" if "sequential_mean_steps" in g else ""))
+  each = (f", {r['samples']} samples each, answered by the first that obeys the rules; 'one at a time': mean steps"
+          " if drawn one after another until one does" if r["samples"] > 1 else "")
   print(f"== {name}: {r['count']} puzzles{each} in {r['wall_time_s']:.2f} s ({r['puzzles_per_s']:.1f}/s; "
         f"compile {r['compile_time_s']:.1f} s)")
   print(line("all", r))

@@ -221,6 +221,15 @@ def test_eval_samples_answer_with_a_sample_that_obeys_the_rules(tmp_path):
   assert report["accuracy"] == pytest.approx(right_NxK.any(1).mean())
   assert report["mean_steps"] == pytest.approx(steps.reshape(8, k).sum(1).mean())
   assert right_NxK.any() and not right_NxK.all()  # some samples right and some wrong: the choice mattered
+  # One draw after another: steps up to the first right sample (the solution is unique), all K when none is.
+  sequential = [sum(steps.reshape(8, k)[i, :(list(right_NxK[i]).index(True) + 1 if right_NxK[i].any() else k)])
+                for i in range(8)]
+  assert report["sequential_mean_steps"] == pytest.approx(np.mean(sequential))
+  search = np.asarray(data["needs_search"], bool)
+  for label, mask in (("singles", ~search), ("search", search)):
+    expected = np.mean(np.asarray(sequential)[mask]) if mask.any() else None
+    assert report["by_solver_label"][label]["sequential_mean_steps"] == pytest.approx(expected)
+  assert report["sequential_mean_steps"] < report["mean_steps"]  # some puzzle was answered before its last draw
 
 
 def test_restarts_are_fresh_attempts_of_the_plain_sampler():
