@@ -161,7 +161,7 @@ def evaluate(params, task, data: dict, mode: str, sampler, batch_size: int, seed
              ar_temperature: float = 0.0, samples: int = 1) -> dict:
   """Runs one decoder over all puzzles; returns summarize(...) plus timing. With `samples` > 1 each puzzle is
   decoded that many times (consecutive rows, so each has its own random draws) and answered by its first sample
-  that obeys the rules (`sudoku.first_valid_completion`); steps count all its samples, and sequential_mean_steps
+  that obeys the rules (`sudoku.first_valid_index`); steps count all its samples, and sequential_mean_steps
   those a one-at-a-time draw would spend."""
   import numpy as np
 
@@ -173,26 +173,19 @@ def evaluate(params, task, data: dict, mode: str, sampler, batch_size: int, seed
   sequential_steps = None
   if samples > 1:  # one answer per puzzle; the compute of all its samples
     preds_NxKxC = preds.reshape(len(puzzles), samples, -1)
-    chosen = [sudoku.first_valid_completion(p, c) for p, c in zip(puzzles, preds_NxKxC)]
+    first_valid = [sudoku.first_valid_index(p, c) for p, c in zip(puzzles, preds_NxKxC)]
+    chosen = [0 if i is None else i for i in first_valid]  # no valid sample: answer with the first
     preds = preds_NxKxC[np.arange(len(puzzles)), chosen]
     steps_NxK = steps.reshape(-1, samples)
     steps = steps_NxK.sum(1)
     tpf = 1.0 / (1.0 / tpf.reshape(-1, samples)).sum(1)
     # Drawn one at a time, a puzzle would stop at its first valid sample; with none valid it spends all K.
-    answered_valid = np.array([_obeys_rules(p, a) for p, a in zip(puzzles, preds)])
-    draws = np.where(answered_valid, np.asarray(chosen) + 1, samples)
+    draws = np.array([samples if i is None else i + 1 for i in first_valid])
     sequential_steps = np.where(np.arange(samples)[None] < draws[:, None], steps_NxK, 0).sum(1)
   result = summarize(data, preds, steps, tpf, sequential_steps)
   result.update(wall_time_s=wall, compile_time_s=compile_s, samples=samples,
                 puzzles_per_s=len(puzzles) / max(wall, 1e-9))
   return result
-
-
-def _obeys_rules(puzzle, grid) -> bool:
-  from dgemma.data import sudoku
-
-  clues = puzzle != 0
-  return bool((grid[clues] == puzzle[clues]).all() and sudoku.is_valid_solution(grid))
 
 
 def _print(name: str, r: dict) -> None:

@@ -268,15 +268,21 @@ def is_valid_solution(grid: np.ndarray | Sequence[int]) -> bool:
     return bool((np.sort(units, axis=1) == np.arange(1, 10)).all())
 
 
-def first_valid_completion(puzzle: np.ndarray | Sequence[int], candidates: np.ndarray) -> int:
+def first_valid_index(puzzle: np.ndarray | Sequence[int], candidates: np.ndarray) -> int | None:
     """Index of the first of ``candidates`` ([k, 81]) that keeps every clue of ``puzzle`` and is a valid
-    complete grid (a check of the rules, not of a known solution); 0 when none is."""
+    complete grid (a check of the rules, not of a known solution); None when none is."""
     puzzle = np.asarray(puzzle)
     clues = puzzle != 0
     for index, grid in enumerate(np.asarray(candidates)):
         if (grid[clues] == puzzle[clues]).all() and is_valid_solution(grid):
             return index
-    return 0
+    return None
+
+
+def first_valid_completion(puzzle: np.ndarray | Sequence[int], candidates: np.ndarray) -> int:
+    """`first_valid_index`, falling back to the first candidate (0) when none is valid."""
+    index = first_valid_index(puzzle, candidates)
+    return 0 if index is None else index
 
 
 def difficulty_bucket(num_clues: int) -> str:
