@@ -3,6 +3,7 @@
   python sample.py --ckpt=PATH --prompt="Why is the sky blue?"
   python sample.py --ckpt=PATH --prompt_ids=2,105,4368 --steps=32 --t_max=0.6
   python sample.py --ckpt=SUDOKU_CKPT --prompt=530070000600195000098000060800060003400803001700020006060000280000419005000080079
+  python sample.py --ckpt=SUDOKU_CKPT --prompt=... --steps=8 --samples=16   # answer: the first draw obeying the rules
   python sample.py --ckpt=PATH --prompts_file=prompts.txt --show_steps --show_steps_html=steps.html
 
 PATH is one of our checkpoints (dgemma.json), an HF DiffusionGemma directory or a training workdir. Text goes
@@ -43,6 +44,8 @@ flags.DEFINE_integer("stability_threshold", None, "Previous argmax canvases that
 flags.DEFINE_float("confidence_threshold", None, "Mean entropy below which a canvas is confident [0.005].", **_D)
 flags.DEFINE_integer("restart_after", None, "Restart a row not stopped after this many steps of its attempt, "
                      "within --steps (0: never) [0].", **_D)
+flags.DEFINE_integer("samples", 1, "Sudoku: draw each puzzle this many times (in one batch) and answer with the "
+                     "first draw that keeps the clues and obeys the rules.", **_D)
 flags.DEFINE_integer("canvas_length", 0, "Canvas length (0: the model's).", **_D)
 flags.DEFINE_string("stop_ids", None, "Comma-separated stop token ids (default: the model's).", **_D)
 flags.DEFINE_enum("self_conditioning", "auto", ["auto", "on", "off"],
@@ -228,14 +231,20 @@ def run() -> int:
     config = config.replace(moe_impl=FLAGS.moe_impl)
   task = None
   tokenizer = None
+  draws = FLAGS.samples  # batch rows per prompt
+  if draws < 1:
+    raise ValueError(f"--samples must be >= 1, got {draws}")
   if sudoku_sampling.task_name(metadata):
     if FLAGS.prompt_ids is not None:
       raise ValueError("Sudoku checkpoints take puzzles via --prompt or --prompts_file")
     task = sudoku_sampling.load_task(config, metadata, FLAGS.ckpt)
     puzzles = np.stack([sudoku_sampling.parse_puzzle(p) for p in prompts])
     config, sampler = task.config, task.sampler(sampler)
-    tokens, valid = task.prompts(puzzles)
+    tokens, valid = task.prompts(np.repeat(puzzles, draws, axis=0))
   else:
+    if draws > 1:
+      raise ValueError("--samples > 1 needs a Sudoku checkpoint: the choice between draws is a check of "
+                       "Sudoku's rules")
     if FLAGS.prompt_ids is not None:
       rows = [_int_list(p, "--prompt_ids") for p in prompts]
     else:
@@ -264,35 +273,49 @@ def run() -> int:
   c = resolved.canvas_length
   generated = np.asarray(out.tokens)
   steps = np.asarray(out.steps_per_canvas)
+  answer_rows = np.arange(len(prompts)) * draws  # the batch row answering each prompt
   for row in range(len(prompts)):
     say(f"=== prompt {row + 1}/{len(prompts)}")
     if task is not None:
-      grid = task.decode(generated[row:row + 1])[0]
+      rows = slice(row * draws, (row + 1) * draws)
+      grids = task.decode(generated[rows])
+      first_valid = sudoku.first_valid_index(puzzles[row], grids)
+      chosen = 0 if first_valid is None else first_valid
+      answer_rows[row] += chosen
+      grid = grids[chosen]
       clues_kept = bool(np.all((puzzles[row] == 0) | (grid == puzzles[row])))
       say("\n".join(" ".join(str(d) if d else "." for d in grid[r * 9:(r + 1) * 9]) for r in range(9)))
       say(f"valid solution: {'yes' if sudoku.is_valid_solution(grid) else 'no'}; "
             f"clues kept: {'yes' if clues_kept else 'no'}")
+      if draws > 1:
+        draw_steps = steps[rows, 0]
+        if first_valid is None:
+          say(f"none of {draws} draws obeys the rules; showing the first ({int(draw_steps.sum())} steps in all)")
+        else:
+          say(f"draw {chosen + 1} of {draws} is the first that obeys the rules; one draw after another that is "
+              f"{int(draw_steps[:chosen + 1].sum())} steps (all {draws}: {int(draw_steps.sum())})")
     else:
       ids = generated[row].tolist()
       stops = [i for i, t in enumerate(ids) if t in resolved.stop_ids]
       ids = ids[:stops[0]] if stops else ids
       ids = [t for t in ids if t != config.pad_id]
       say(tokenizer.decode(ids) if tokenizer is not None else ",".join(str(t) for t in ids))
-    say(f"steps per canvas: {[int(s) for s in steps[row] if s]}")
+    say(f"steps per canvas: {[int(s) for s in steps[answer_rows[row]] if s]}")
 
   num_tokens = int((generated != config.pad_id).sum())
   canvases_run = int((steps > 0).any(axis=0).sum())
   passes = steps.sum(axis=1)
-  say(f"--- {len(prompts)} prompt(s) · canvas {c} · {canvases_run}/{steps.shape[1]} canvas(es) · "
+  say(f"--- {len(prompts)} prompt(s){f' x {draws} draws' if draws > 1 else ''} · canvas {c} · "
+        f"{canvases_run}/{steps.shape[1]} canvas(es) · "
         f"mean steps per canvas {steps[steps > 0].mean():.1f} (max {resolved.max_denoising_steps}; "
         f"t {resolved.t_max} -> {resolved.t_min}) · "
         f"tokens per forward pass {float(np.mean(np.asarray(out.tokens_per_forward))):.2f} · "
-        f"denoiser passes per row {passes.tolist()}")
+        f"denoiser passes per {'draw' if draws > 1 else 'row'} {passes.tolist()}")
   say(f"--- time {seconds:.2f} s (+ compile {compile_s:.1f} s) · {num_tokens} tokens · "
         f"{num_tokens / max(seconds, 1e-9):.1f} tokens/s")
 
   if out.trajectory is not None and jax.process_index() == 0:  # views and files: process 0 only
-    row = FLAGS.show_row
+    row = int(answer_rows[FLAGS.show_row])  # for --samples: the answering draw
     if task is not None:
       frames = display.sudoku_frames(np.asarray(out.trajectory)[row, 0], steps[row, 0], task.cells)
     else:

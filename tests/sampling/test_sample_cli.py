@@ -127,6 +127,8 @@ def test_moe_impl_overrides_the_checkpoint_config(ckpts, capsys, monkeypatch):
     (["--ckpt={bare}", "--prompt_ids=2,5,6", "--steps=0"], "error: max_denoising_steps must be a positive"),
     (["--ckpt={bare}", "--prompt_ids=2,x"], "error: --prompt_ids must be comma-separated integers"),
     (["--ckpt={bare}", "--prompt_ids=2,99"], "error: prompt_tokens has token ids outside [0, 64)"),
+    (["--ckpt={bare}", "--prompt_ids=2", "--samples=2"], "error: --samples > 1 needs a Sudoku checkpoint"),
+    (["--ckpt={bare}", "--prompt_ids=2", "--samples=0"], "error: --samples must be >= 1, got 0"),
     (["--ckpt={bare}"], "error: give exactly one of --prompt, --prompt_ids or --prompts_file"),
     (["--ckpt={bare}", "--prompt_ids=2", "--steps=abc"], "error: flag --steps=abc"),
     (["--ckpt={bare}", "--prompt_ids=2", "--moe_impl=ragged"],

@@ -232,6 +232,41 @@ def test_eval_samples_answer_with_a_sample_that_obeys_the_rules(tmp_path):
   assert report["sequential_mean_steps"] < report["mean_steps"]  # some puzzle was answered before its last draw
 
 
+def test_sample_script_answers_with_the_first_draw_that_obeys_the_rules(capsys, tmp_path):
+  """sample.py --samples=K prints the first of K draws that is a solution. The K draws are recomputed with
+  `solve` (same batch, same key) and judged against the solver's unique solution, which sample.py never sees."""
+  from dgemma.checkpoints import load_model
+  from dgemma.sampling import sampler_config
+  path, k = str(ROOT / "assets/sudoku-small"), 6
+  generated = sudoku.generate_dataset(4, 99, 26, 30)
+  config, params, metadata = load_model(path)
+  task = sudoku_sampling.load_task(config, metadata, path)
+  draws = sudoku_sampling.solve(params, task, np.repeat(generated["puzzle"], k, axis=0), jax.random.key(3),
+                                sampler_config(metadata, max_denoising_steps=12))
+  right_NxK = (draws.predictions.reshape(4, k, 81) == generated["solution"][:, None]).all(-1)
+  assert (right_NxK.any(1) & ~right_NxK[:, 0]).any()  # a puzzle answered by a later draw: the choice matters
+  tmp = tmp_path / "puzzles.txt"
+  tmp.write_text("\n".join(sudoku.to_string(p) for p in generated["puzzle"]) + "\n")
+  sampler = load_script("sample.py")
+  rc = sampler.main(["sample.py", f"--ckpt={path}", f"--prompts_file={tmp}", "--steps=12", f"--samples={k}",
+                     "--seed=3"])
+  out = capsys.readouterr().out
+  assert rc == 0, out
+  blocks = out.split("=== prompt ")[1:]
+  assert len(blocks) == 4
+  for i, block in enumerate(blocks):
+    grid = np.array([int(d) for line in block.splitlines()[1:10] for d in line.split()])
+    steps_i = draws.steps.reshape(4, k)[i]
+    if right_NxK[i].any():
+      first = int(np.argmax(right_NxK[i]))
+      assert np.array_equal(grid, generated["solution"][i])
+      assert (f"draw {first + 1} of {k} is the first that obeys the rules; one draw after another that is "
+              f"{int(steps_i[:first + 1].sum())} steps (all {k}: {int(steps_i.sum())})") in block
+    else:
+      assert np.array_equal(grid, draws.predictions.reshape(4, k, 81)[i, 0])
+      assert f"none of {k} draws obeys the rules" in block
+
+
 def test_restarts_are_fresh_attempts_of_the_plain_sampler():
   """restart_after=L, max L*K: each row's answer is that of the first of K plain runs (max L steps, the row's key
   folded with RESTART_SALT + j for attempt j >= 1) that stopped, with the steps of all attempts before it; a row
