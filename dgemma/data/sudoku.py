@@ -279,12 +279,6 @@ def first_valid_index(puzzle: np.ndarray | Sequence[int], candidates: np.ndarray
     return None
 
 
-def first_valid_completion(puzzle: np.ndarray | Sequence[int], candidates: np.ndarray) -> int:
-    """`first_valid_index`, falling back to the first candidate (0) when none is valid."""
-    index = first_valid_index(puzzle, candidates)
-    return 0 if index is None else index
-
-
 def difficulty_bucket(num_clues: int) -> str:
     """Clue-count bucket used by the official eval: easy >= 40, medium 30-39, hard < 30."""
     if num_clues >= 40:

@@ -56,7 +56,7 @@ def test_is_valid_solution_and_buckets():
 # --- Solvers -------------------------------------------------------------------
 
 
-def test_first_valid_completion_checks_clues_and_rules():
+def test_first_valid_index_checks_clues_and_rules():
     puzzle = sudoku.from_string(EASY)
     solution = sudoku.from_string(EASY_SOLUTION)
     relabelled = (solution % 9) + 1  # obeys the rules, breaks the clues
@@ -65,9 +65,9 @@ def test_first_valid_completion_checks_clues_and_rules():
     broken_blank = solution.copy()
     broken_blank[np.flatnonzero(puzzle == 0)[0]] = 0  # one blank left unfilled
     assert sudoku.is_valid_solution(relabelled)
-    assert sudoku.first_valid_completion(puzzle, np.stack([relabelled, broken, broken_blank, solution])) == 3
-    assert sudoku.first_valid_completion(puzzle, np.stack([solution, relabelled])) == 0
-    assert sudoku.first_valid_completion(puzzle, np.stack([broken, relabelled, broken_blank])) == 0  # none valid
+    assert sudoku.first_valid_index(puzzle, np.stack([relabelled, broken, broken_blank, solution])) == 3
+    assert sudoku.first_valid_index(puzzle, np.stack([solution, relabelled])) == 0
+    assert sudoku.first_valid_index(puzzle, np.stack([broken, relabelled, broken_blank])) is None  # none valid
 
 
 def test_solve_known_puzzles():
