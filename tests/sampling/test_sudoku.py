@@ -187,7 +187,7 @@ def test_eval_script_sampler_knobs_follow_the_checkpoint(ckpt, tmp_path, capsys)
 
 @pytest.mark.parametrize("asset", ["sudoku-small", "sudoku-small-9200steps", "sudoku-small-11700steps",
                                    "sudoku-small-14200steps", "sudoku-small-17700steps",
-                                   "sudoku-small-21700steps-12layers"])
+                                   "sudoku-small-12layers-h200"])
 def test_shipped_checkpoint_solves_with_its_recorded_sampler(capsys, asset):
   """The shipped checkpoints work right after install: sample.py reads the recorded (hot) sampler and keeps the
   clues of an easy puzzle (checked against the grid, not the script's own verdict)."""
