@@ -78,6 +78,10 @@ def main(argv):
     if steps < 1:
       raise ValueError(f"no time left for training: the probe took {probe_s:.0f} s of the {budget_s:.0f} s budget "
                        f"(start-up {startup_s:.0f} s); give more --minutes")
+    warmup = c.optimizer.get("warmup_steps", 0)
+    if steps <= warmup:
+      raise ValueError(f"only {steps} steps fit in the budget, no more than optimizer.warmup_steps={warmup}; give "
+                       "more --minutes or a shorter warm-up")
     print(f"Probe: {steps_per_s:.2f} steps/s, start-up {startup_s:.0f} s; planned {steps} steps "
           f"(~{steps / steps_per_s / 60:.1f} min) to end within {_MINUTES.value:g} min of the start", flush=True)
     # --- The run -------------------------------------------------------------------------------------------
@@ -88,8 +92,8 @@ def main(argv):
     if os.environ.get("DGEMMA_TRACEBACK"):
       raise
     sys.exit(f"train_for_time.py: error: {e}")
-  print(f"Done in {(time.time() - started) / 60:.1f} min of the {_MINUTES.value:g}-minute budget "
-        f"({steps} steps; resume or extend with train.py --config.num_train_steps={steps} --config.optimizer.decay_steps={steps})", flush=True)
+  print(f"Done in {(time.time() - started) / 60:.1f} min of the {_MINUTES.value:g}-minute budget ({steps} steps; "
+        f"to resume: train.py --config.num_train_steps={steps} --config.optimizer.decay_steps={steps})", flush=True)
 
 
 if __name__ == "__main__":

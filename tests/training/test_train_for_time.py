@@ -35,3 +35,9 @@ def test_trains_the_planned_steps_and_exports(tmp_path):
   again = _run(f"--workdir={tmp_path}/run", "--minutes=0.5", "--probe_steps=6", "--export_seconds=2")
   assert again.returncode != 0
   assert again.stderr.strip().splitlines()[-1].startswith(f"train_for_time.py: error: {tmp_path}/run already holds")
+  # A budget that cannot hold the warm-up: one line after the probe, and no run is started.
+  short = _run(f"--workdir={tmp_path}/short", "--minutes=0.5", "--probe_steps=6", "--export_seconds=2",
+               "--config.optimizer.warmup_steps=1000000")
+  assert short.returncode != 0
+  assert "no more than optimizer.warmup_steps=1000000" in short.stderr.strip().splitlines()[-1]
+  assert not (tmp_path / "short").exists()
