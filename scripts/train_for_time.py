@@ -30,15 +30,18 @@ _PROBE_STEPS = flags.DEFINE_integer("probe_steps", 100, "Steps of the probe run 
                                    "measured over its second half.")
 _MARGIN = flags.DEFINE_float("margin", 0.1, "Share of the remaining time left unplanned, for variation.")
 _EXPORT_SECONDS = flags.DEFINE_float("export_seconds", 15.0, "Time kept for the final checkpoint and export.")
+_MAX_STEPS = flags.DEFINE_integer("max_steps", 0, "At most this many steps, even if more fit (0: no cap).")
 
 
 def plan_steps(budget_s: float, elapsed_s: float, startup_s: float, steps_per_s: float, margin: float,
-               export_s: float) -> int:
-  """Training steps that fit in what is left of the budget after one more start-up and the export."""
+               export_s: float, max_steps: int = 0) -> int:
+  """Training steps that fit in what is left of the budget after one more start-up and the export (at most
+  `max_steps` if > 0)."""
   if not 0 <= margin < 1:
     raise ValueError(f"--margin must be in [0, 1), got {margin}")
   left = budget_s - elapsed_s - startup_s - export_s
-  return int(left * (1 - margin) * steps_per_s)
+  steps = int(left * (1 - margin) * steps_per_s)
+  return min(steps, max_steps) if max_steps > 0 else steps
 
 
 def main(argv):
@@ -74,14 +77,14 @@ def main(argv):
     steps_per_s = scalars["examples_per_second"] / c.batch_size
     startup_s = max(0.0, probe_s - probe_steps / steps_per_s)
     steps = plan_steps(budget_s, time.time() - started, startup_s, steps_per_s, _MARGIN.value,
-                       _EXPORT_SECONDS.value)
+                       _EXPORT_SECONDS.value, _MAX_STEPS.value)
     if steps < 1:
       raise ValueError(f"no time left for training: the probe took {probe_s:.0f} s of the {budget_s:.0f} s budget "
                        f"(start-up {startup_s:.0f} s); give more --minutes")
     warmup = c.optimizer.get("warmup_steps", 0)
     if steps <= warmup:
-      raise ValueError(f"only {steps} steps fit in the budget, no more than optimizer.warmup_steps={warmup}; give "
-                       "more --minutes or a shorter warm-up")
+      raise ValueError(f"the {steps} planned steps are no more than optimizer.warmup_steps={warmup}; give more "
+                       "--minutes (or --max_steps) or a shorter warm-up")
     print(f"Probe: {steps_per_s:.2f} steps/s, start-up {startup_s:.0f} s; planned {steps} steps "
           f"(~{steps / steps_per_s / 60:.1f} min) to end within {_MINUTES.value:g} min of the start", flush=True)
     # --- The run -------------------------------------------------------------------------------------------
