@@ -11,7 +11,7 @@
 #   bash scripts/gpu_check.sh OUT_DIR [TRAIN_MINUTES=5] [INIT=assets/sudoku-small-12layers-h200]
 # Needs data/sudoku_eval_1000.npz (README: Results) and the packages of pyproject.toml.
 set -u
-out=${1:?usage: bash scripts/gpu_check.sh OUT_DIR [TRAIN_MINUTES]}
+out=${1:?usage: bash scripts/gpu_check.sh OUT_DIR [TRAIN_MINUTES] [INIT]}
 train_minutes=${2:-5}
 init=${3:-assets/sudoku-small-12layers-h200}
 mkdir -p "$out"
