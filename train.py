@@ -253,13 +253,18 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   return last_scalars
 
 
+def workdir_from_flags() -> str:
+  """--workdir, or workdirs/<config file name> (train.py and the scripts that drive it)."""
+  name = os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]
+  return _WORKDIR.value or os.path.join("workdirs", name)
+
+
 def main(argv):
   del argv
   c = _CONFIG.value
   if c is None:
     raise app.UsageError("--config is required, e.g. --config=configs/sft_sudoku.py")
-  name = os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]
-  workdir = _WORKDIR.value or os.path.join("workdirs", name)
+  workdir = workdir_from_flags()
   try:
     if sharding.maybe_initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value) \
         and jax.process_index() != 0:

@@ -4,8 +4,8 @@
 
 For a fixed lease of machine time (a GPU lent for minutes, a night of CPU). A probe run of `--probe_steps` steps
 (in a scratch directory, thrown away; checkpoint saves as configured) measures this machine's step rate and
-start-up time (model load and compilation); the real run then gets num_train_steps = what fits in the rest of the budget, less `--margin`,
-and optimizer.decay_steps = num_train_steps. The budget counts from this script's start and covers the probe,
+start-up time (model load and compilation); the real run then gets num_train_steps = what fits in the rest of
+the budget, less `--margin`, and optimizer.decay_steps = num_train_steps. The budget counts from this script's start and covers the probe,
 the start-ups and the final export; evaluations during training (config.eval.every) are not in the rate, so
 turn them off or leave room for them. The run itself is train.py's: resumable from its checkpoints with
 train.py and the printed step count.
@@ -56,8 +56,7 @@ def main(argv):
   if probe_steps < 4 or probe_steps % 2:
     raise app.UsageError(f"--probe_steps={probe_steps} must be even and at least 4: the rate is measured over its "
                          "second half, after compilation")
-  name = os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]
-  workdir = train._WORKDIR.value or os.path.join("workdirs", name)
+  workdir = train.workdir_from_flags()
   budget_s = 60 * _MINUTES.value
   try:
     if train.checkpointing.read_run_info(workdir) is not None:
