@@ -6,9 +6,9 @@ For a fixed lease of machine time (a GPU lent for minutes, a night of CPU). A pr
 (in a scratch directory, thrown away; checkpoint saves as configured) measures this machine's step rate and
 start-up time (model load and compilation); the real run then gets num_train_steps = what fits in the rest of
 the budget, less `--margin`, and optimizer.decay_steps = num_train_steps. The budget counts from this script's
-start and covers the probe, the start-ups and the final export; evaluations during training (config.eval.every) are not in the rate, so
-turn them off or leave room for them. The run itself is train.py's: resumable from its checkpoints with
-train.py and the printed step count.
+start and covers the probe, the start-ups and the final export; evaluations during training
+(config.eval.every) are not in the rate, so turn them off or leave room for them. The run itself is train.py's:
+resumable from its checkpoints with train.py and the printed step count.
 """
 
 from __future__ import annotations
