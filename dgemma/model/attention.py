@@ -73,12 +73,16 @@ class Attention(nn.Module):
     inv_freq = rope_inv_freq(h, *cfg.rope(kind))
 
     mm = cfg.matmul_dtype
-    q = token_matmul(x_BxTxD, q_proj, operand_dtype=mm)
+    # One matmul for q, k and v (the weights are concatenated once; XLA hoists that out of sampling loops).
+    projections = [q_proj, k_proj] + ([] if v_proj is None else [v_proj])
+    qkv = token_matmul(x_BxTxD, jnp.concatenate([w.reshape(d, -1) for w in projections], axis=1),
+                       operand_dtype=mm)
+    q, k_raw, v_raw = jnp.split(qkv, [n * h, (n + kv) * h], axis=-1)  # v_raw is empty without v_proj
+    q, k_raw = q.reshape(q.shape[:-1] + (n, h)), k_raw.reshape(k_raw.shape[:-1] + (kv, h))
+    v_raw = k_raw if v_proj is None else v_raw.reshape(v_raw.shape[:-1] + (kv, h))
     q = apply_rope(RMSNorm(cfg.rms_norm_eps, dtype=dt, name="q_norm")(q), positions_BxT, inv_freq)
     if cfg.query_scale != 1.0:  # Gemma 3; scaling q rather than the logits keeps every attention kernel as is
       q = q * jnp.asarray(cfg.query_scale, q.dtype)
-    k_raw = token_matmul(x_BxTxD, k_proj, operand_dtype=mm)
-    v_raw = k_raw if v_proj is None else token_matmul(x_BxTxD, v_proj, operand_dtype=mm)
     k = apply_rope(RMSNorm(cfg.rms_norm_eps, dtype=dt, name="k_norm")(k_raw), positions_BxT, inv_freq)
     v = RMSNorm(cfg.rms_norm_eps, with_scale=False, name="v_norm")(v_raw) if cfg.value_norm else v_raw  # no RoPE
 

@@ -67,36 +67,56 @@ def apply_rope(x_BxTxNxH: Array, positions_BxT: Int[Array, "B T"], inv_freq: jnp
   return x_BxTxNxH * cos + rotated * sin
 
 
-def _bf16_dot(a: Array, b: Array) -> Array:
-  return jnp.dot(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
+def _dot(a: Array, b: Array, a_dim: int, b_dim: int, dtype=None) -> Array:
+  """a @ b contracting a's axis `a_dim` with b's axis `b_dim` (2-D operands), without a transposed copy."""
+  return jax.lax.dot_general(a, b, (((a_dim,), (b_dim,)), ((), ())), preferred_element_type=dtype)
 
 
-def mixed_matmul(x_MxK: Array, w_KxN: Array) -> Array:
-  """x @ w with bfloat16 operands and float32 accumulation, returned in x's dtype.
+def _bf16_dot(a: Array, b: Array, a_dim: int = 1, b_dim: int = 0) -> Array:
+  return _dot(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), a_dim, b_dim, jnp.float32)
+
+
+def mixed_matmul(x_MxK: Array, w: Array, w_is_NxK: bool = False) -> Array:
+  """x @ w with bfloat16 operands and float32 accumulation, returned in x's dtype; w is [K, N], or [N, K] with
+  `w_is_NxK` (x @ w.T, for the tied unembedding: a transposed weight is not hoisted out of a sampling loop, so
+  XLA:CPU would copy it on every step).
 
   A custom VJP so that the backward's two matmuls are bfloat16 x bfloat16 as well: differentiated as is, the
   float32 cotangent would promote them back to float32. Gradients come back in the inputs' dtypes.
   """
-  return _mixed_matmul(x_MxK, w_KxN, jnp.dtype(x_MxK.dtype), jnp.dtype(w_KxN.dtype))
+  return _mixed_matmul(x_MxK, w, jnp.dtype(x_MxK.dtype), jnp.dtype(w.dtype), w_is_NxK)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _mixed_matmul(x_MxK, w_KxN, x_dtype, w_dtype):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _mixed_matmul(x_MxK, w, x_dtype, w_dtype, w_is_NxK):
   del w_dtype
-  return _bf16_dot(x_MxK, w_KxN).astype(x_dtype)
+  return _bf16_dot(x_MxK, w, 1, 1 if w_is_NxK else 0).astype(x_dtype)
 
 
-def _mixed_matmul_fwd(x_MxK, w_KxN, x_dtype, w_dtype):
+def _mixed_matmul_fwd(x_MxK, w, x_dtype, w_dtype, w_is_NxK):
   # bfloat16 residuals: what the backward multiplies anyway, at half the memory.
-  return _mixed_matmul(x_MxK, w_KxN, x_dtype, w_dtype), (x_MxK.astype(jnp.bfloat16), w_KxN.astype(jnp.bfloat16))
+  return (_mixed_matmul(x_MxK, w, x_dtype, w_dtype, w_is_NxK),
+          (x_MxK.astype(jnp.bfloat16), w.astype(jnp.bfloat16)))
 
 
-def _mixed_matmul_bwd(x_dtype, w_dtype, residuals, g_MxN):
-  x_MxK, w_KxN = residuals
-  return _bf16_dot(g_MxN, w_KxN.T).astype(x_dtype), _bf16_dot(x_MxK.T, g_MxN).astype(w_dtype)
+def _mixed_matmul_bwd(x_dtype, w_dtype, w_is_NxK, residuals, g_MxN):
+  x_MxK, w = residuals
+  dx = _bf16_dot(g_MxN, w, 1, 0 if w_is_NxK else 1)  # g @ w.T
+  dw = _bf16_dot(g_MxN, x_MxK, 0, 0) if w_is_NxK else _bf16_dot(x_MxK, g_MxN, 0, 0)  # (x.T @ g), stored as w is
+  return dx.astype(x_dtype), dw.astype(w_dtype)
 
 
 _mixed_matmul.defvjp(_mixed_matmul_fwd, _mixed_matmul_bwd)
+
+
+def unembed_matmul(x: Array, table_VxD: Array, operand_dtype: str = "") -> Array:
+  """x[..., D] @ table.T -> [..., V] as one 2-D matmul contracting the table's last axis in place."""
+  x_MxD = x.reshape(-1, x.shape[-1])
+  if operand_dtype == "bfloat16":
+    y = mixed_matmul(x_MxD, table_VxD, w_is_NxK=True)
+  else:
+    y = _dot(x_MxD, table_VxD, 1, 1)
+  return y.reshape(x.shape[:-1] + table_VxD.shape[:1])
 
 
 def token_matmul(x: Array, w: Array, contract_dims: int = 1, operand_dtype: str = "") -> Array:
@@ -133,7 +153,10 @@ class GeGLU(nn.Module):
     up = self.param("up", init_normal, (d, self.hidden), self.dtype)
     down = self.param("down", init_normal, (self.hidden, d), self.dtype)
     mm = lambda x, w: token_matmul(x, w, operand_dtype=self.matmul_dtype)
-    h = gelu_tanh(mm(x_BxTxD, gate)) * mm(x_BxTxD, up)
+    # One matmul for gate and up: the concatenated weight is loop-invariant, so XLA builds it once per sampling
+    # call, and the step runs one dot where it ran two (on XLA:CPU ~0.1 ms less per GeGLU at 64 x 256 -> 512).
+    gu = mm(x_BxTxD, jnp.concatenate([gate, up], axis=1))
+    h = gelu_tanh(gu[..., :self.hidden]) * gu[..., self.hidden:]
     return mm(h, down)
 
 
@@ -258,6 +281,6 @@ class Embedder(nn.Module):
 
   def decode(self, x_BxTxD: Array) -> Float[Array, "B T V"]:
     """Tied unembedding, cast to float32, then the final softcap."""
-    logits = token_matmul(x_BxTxD, self.embedding.T, operand_dtype=self.config.matmul_dtype).astype(jnp.float32)
+    logits = unembed_matmul(x_BxTxD, self.embedding, self.config.matmul_dtype).astype(jnp.float32)
     cap = self.config.final_softcap
     return logits if cap is None else cap * jnp.tanh(logits / cap)

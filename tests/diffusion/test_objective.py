@@ -299,7 +299,8 @@ def test_focus_gamma_weights_each_token_by_its_difficulty():
   const_weight_grad = jax.jit(jax.grad(lambda p: jnp.mean(jnp.sum(w * per_token_ce(p) * m, 1) / m.sum(1))))(params)
   focus_grad = jax.jit(jax.grad(lambda p: objective.loss_fn(p, CONFIG, focus_cfg, batch, key)[0]))(params)
   for got, want in zip(jax.tree_util.tree_leaves(focus_grad), jax.tree_util.tree_leaves(const_weight_grad)):
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
+    # (atol: float32 rounding of two differently ordered graphs; differentiating the weights moves far more)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
   with pytest.raises(ValueError, match="focus_gamma"):
     jit_loss(_cfg(ar_loss_weight=0.0, focus_gamma=1.0, loss="elbo"))(params, batch, key)

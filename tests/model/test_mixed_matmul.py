@@ -8,7 +8,7 @@ import pytest
 
 from dgemma import model
 from dgemma.config import small_dense
-from dgemma.model.layers import experts_dense, mixed_matmul, token_matmul
+from dgemma.model.layers import experts_dense, mixed_matmul, token_matmul, unembed_matmul
 
 
 def _bf16(x):
@@ -29,6 +29,22 @@ def test_forward_and_gradients_multiply_bf16_operands_exactly():
   np.testing.assert_allclose(dw, _bf16(x).T @ _bf16(g), rtol=1e-5, atol=1e-5)
   # ... and it is not the float32 product: the rounding is real.
   assert np.abs(np.asarray(y) - np.asarray(x, np.float64) @ np.asarray(w, np.float64)).max() > 1e-3
+
+
+def test_unembedding_form_multiplies_by_the_stored_transpose():
+  """`w_is_NxK` (the tied unembedding, table stored [V, D]): the same products as x @ table.T, and the weight
+  gradient comes back in the table's own layout."""
+  rng = np.random.default_rng(2)
+  x, table, g = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in ((13, 24), (31, 24), (13, 31)))
+  y, vjp = jax.vjp(lambda x, t: mixed_matmul(x, t, w_is_NxK=True), x, table)
+  dx, dtable = vjp(g)
+  assert dtable.shape == table.shape
+  np.testing.assert_allclose(y, _bf16(x) @ _bf16(table).T, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(dx, _bf16(g) @ _bf16(table), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(dtable, _bf16(g).T @ _bf16(x), rtol=1e-5, atol=1e-5)
+  x3 = x.reshape(1, 13, 24)
+  np.testing.assert_allclose(unembed_matmul(x3, table), np.asarray(x3) @ np.asarray(table).T, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(unembed_matmul(x3, table, "bfloat16")[0], y, rtol=0, atol=0)
 
 
 def test_token_matmul_flattens_the_same_way_in_both_dtypes():
