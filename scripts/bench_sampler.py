@@ -18,6 +18,7 @@ not timed. With random weights no row becomes confident, so every canvas runs al
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -53,6 +54,10 @@ flags.DEFINE_enum("moe_impl", "dense", list(MOE_IMPLS),
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                   "Parameter dtype of the random checkpoint; both sides load and run it in that dtype (real "
                   "DiffusionGemma checkpoints are bfloat16). With --ckpt: the dtype both sides load it in.", **_D)
+flags.DEFINE_enum("ours_dtype", None, ["float32", "bfloat16"],
+                  "Our side only: the dtype we hold the parameters and activations in (default: --dtype). "
+                  "'float32' with --dtype=bfloat16 --matmul_dtype=bfloat16 multiplies the checkpoint's exact bf16 "
+                  "weights with float32 accumulation and keeps the rest in float32.", **_D)
 flags.DEFINE_enum("matmul_dtype", "", ["", "bfloat16"],
                   "Our side only: 'bfloat16' multiplies bf16 copies of the weight matmuls' operands with float32 "
                   "accumulation (ModelConfig.matmul_dtype); HF runs the checkpoint in --dtype.", **_D)
@@ -163,8 +168,9 @@ def run() -> dict:
     path = os.path.join(tmp.name, "hf")
     _random_checkpoint(path)
   config, params = load_hf(path)
-  params = jax.tree.map(lambda x: x.astype(FLAGS.dtype), params)
-  config = config.replace(canvas_length=FLAGS.canvas, moe_impl=FLAGS.moe_impl, param_dtype=FLAGS.dtype,
+  ours_dtype = FLAGS.ours_dtype or FLAGS.dtype
+  params = jax.tree.map(lambda x: x.astype(FLAGS.dtype).astype(ours_dtype), params)
+  config = config.replace(canvas_length=FLAGS.canvas, moe_impl=FLAGS.moe_impl, param_dtype=ours_dtype,
                           matmul_dtype=FLAGS.matmul_dtype)
   c, n_steps, b = FLAGS.canvas, FLAGS.steps, FLAGS.batch
   new_tokens = FLAGS.canvases * c
@@ -214,10 +220,15 @@ def run() -> dict:
   results["autoregressive"] = dict(seconds=ar_seconds, compile_s=ar_compile, tokens=b * new_tokens,
                                    steps_per_canvas=None, tokens_per_forward=1.0)
 
-  # 4. Sampler overhead: one canvas, every step run, against the bare network passes of that canvas.
-  one = SamplerConfig(max_denoising_steps=n_steps, max_new_tokens=c, canvas_length=c, stop_ids=(),
-                      adaptive_stopping=False)
+  # 4. Sampler overhead: one canvas, every step run, against the bare network passes of that canvas. Measured on
+  # the sampler users run (adaptive stopping on), which a random checkpoint never stops early; a trained one may,
+  # and then the fixed-step sampler is measured and the report says so. (In bf16-matmul mode XLA:CPU compiled the
+  # fixed-step program ~0.7 ms/step slower, though it does less: a scheduling effect, not sampler work.)
+  one = SamplerConfig(max_denoising_steps=n_steps, max_new_tokens=c, canvas_length=c, stop_ids=())
   sampler_one, _ = compile_generate(params, config, prompt, valid, key, one)
+  if not (np.asarray(sampler_one(prompt, valid, key).steps_per_canvas) == n_steps).all():
+    one = dataclasses.replace(one, adaptive_stopping=False)
+    sampler_one, _ = compile_generate(params, config, prompt, valid, key, one)
   bare = _bare_program(config, n_steps, c, FLAGS.prompt_len + c)
   canvas = rng.integers(0, config.vocab_size, (b, c)).astype(np.int32)
   jax.block_until_ready(bare(params, prompt, canvas))  # compile
@@ -230,7 +241,8 @@ def run() -> dict:
   t_sampler, t_bare = statistics.median(sampler_times), statistics.median(bare_times)
   ratio = statistics.median(a / b for a, b in zip(sampler_times, bare_times))
   results["overhead"] = dict(sampler_s=t_sampler, bare_s=t_bare, sampler_step_ms=1e3 * t_sampler / n_steps,
-                             bare_step_ms=1e3 * t_bare / n_steps, overhead=ratio - 1.0)
+                             bare_step_ms=1e3 * t_bare / n_steps, overhead=ratio - 1.0,
+                             adaptive_stopping=one.adaptive_stopping)
   # 5. The bound: how many FLOPs a step is and how fast this CPU multiplies matrices.
   gflop = _step_gflop(params, config, prompt, c)
   # Every layer has the MoE branch; the dense path runs each expert's gate, up and down projection on every token.
@@ -245,7 +257,8 @@ def run() -> dict:
                           gflops_for_5x_chosen_experts=sparse_gflop / (hf_step_ms / 5 / 1e3))
   results["settings"] = dict(ckpt=FLAGS.ckpt or "random", vocab=config.vocab_size, width=config.width,
                              layers=config.num_layers, experts=config.num_experts, dtype=FLAGS.dtype,
-                             matmul_dtype=config.matmul_dtype or FLAGS.dtype,
+                             ours_dtype=ours_dtype,
+                             matmul_dtype=config.matmul_dtype or ours_dtype,
                              moe_impl=config.moe_impl, canvas=c,
                              canvases=FLAGS.canvases, steps=n_steps, prompt_len=FLAGS.prompt_len, batch=b,
                              cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads())
@@ -261,7 +274,8 @@ def report(results: dict) -> str:
   hf_rate = results["transformers"]["tokens"] / results["transformers"]["seconds"]
   lines = [
       f"checkpoint {s['ckpt']}: vocab {s['vocab']}, width {s['width']}, {s['layers']} layers, "
-      f"{s['experts']} experts (ours: moe_impl={s['moe_impl']}, matmuls {s.get('matmul_dtype', s['dtype'])}); batch {s['batch']}, prompt {s['prompt_len']}, "
+      f"{s['experts']} experts in {s['dtype']} (ours: {s.get('ours_dtype', s['dtype'])}, moe_impl={s['moe_impl']}, "
+      f"matmuls {s.get('matmul_dtype', s['dtype'])}); batch {s['batch']}, prompt {s['prompt_len']}, "
       f"{s['canvases']} canvas(es) of {s['canvas']}, {s['steps']} steps; {s['cpu_count']} CPU cores, "
       f"torch threads {s['torch_threads']}",
       "",
@@ -278,7 +292,8 @@ def report(results: dict) -> str:
   o = results["overhead"]
   lines += ["", f"sampler overhead over bare denoiser passes (one canvas, all {s['steps']} steps, prefill "
                 f"included): {o['sampler_step_ms']:.2f} ms/step vs {o['bare_step_ms']:.2f} ms/step; median "
-                f"paired ratio {100 * o['overhead']:+.1f}%"]
+                f"paired ratio {100 * o['overhead']:+.1f}%" +
+                ("" if o.get("adaptive_stopping", True) else " (fixed-step sampler: rows stopped early)")]
   if "bound" in results:
     d = results["bound"]
     lines += [f"bound: a denoising step is {d['step_gflop']:.2f} GFLOP as we run it ({d['step_gflop_chosen_experts']:.2f} "

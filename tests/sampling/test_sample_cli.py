@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
@@ -112,6 +113,30 @@ def test_moe_impl_overrides_the_checkpoint_config(ckpts, capsys, monkeypatch):
                       capsys)
     assert rc == 0, err
   assert seen == ["xla", "dense"]  # the checkpoint's choice, then the flag's
+
+
+def test_matmul_dtype_runs_float32_weights_with_bf16_matmuls(ckpts, capsys, monkeypatch):
+  """--matmul_dtype=bfloat16: the sampler gets float32 parameters equal to the checkpoint's and a config that
+  multiplies bf16 operands (tests/model/test_mixed_matmul.py checks what such a matmul computes)."""
+  generate_module = importlib.import_module("dgemma.sampling.generate")
+  seen = []
+  real = generate_module.compile_generate
+
+  def spy(params, config, *args, **kwargs):
+    seen.append((config.param_dtype, config.matmul_dtype, params))
+    return real(params, config, *args, **kwargs)
+
+  monkeypatch.setattr(generate_module, "compile_generate", spy)
+  for flag in ([], ["--matmul_dtype=bfloat16"]):
+    rc, out, err = _run([f"--ckpt={ckpts['bare']}", "--prompt_ids=2,5", "--max_new_tokens=4", "--steps=2", *flag],
+                        capsys)
+    assert rc == 0, err
+    assert "tokens/s" in out
+  (plain_dtype, plain_mm, plain), (dtype, mm, params) = seen
+  assert (plain_mm, dtype, mm) == ("", "float32", "bfloat16")
+  for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(params)):
+    assert b.dtype == np.float32
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b))
 
 
 @pytest.mark.parametrize("args, message", [
