@@ -98,44 +98,41 @@ def test_prompt_ids_batch(ckpts, capsys):
   assert "=== prompt 2/2" in out and "2 prompt(s)" in out
 
 
-def test_moe_impl_overrides_the_checkpoint_config(ckpts, capsys, monkeypatch):
+def _configs_sampled(monkeypatch, capsys, ckpt, flag_sets):
+  """Runs sample.py once per flag set and returns the (config, params) that reached `compile_generate`."""
   generate_module = importlib.import_module("dgemma.sampling.generate")  # the package shadows it by a function
   seen = []
   real = generate_module.compile_generate
 
   def spy(params, config, *args, **kwargs):
-    seen.append(config.moe_impl)
+    seen.append((config, params))
     return real(params, config, *args, **kwargs)
 
   monkeypatch.setattr(generate_module, "compile_generate", spy)
-  for flag in ([], ["--moe_impl=dense"]):
-    rc, _, err = _run([f"--ckpt={ckpts['bare']}", "--prompt_ids=2,5", "--max_new_tokens=4", "--steps=1", *flag],
-                      capsys)
-    assert rc == 0, err
-  assert seen == ["xla", "dense"]  # the checkpoint's choice, then the flag's
-
-
-def test_matmul_dtype_runs_float32_weights_with_bf16_matmuls(ckpts, capsys, monkeypatch):
-  """--matmul_dtype=bfloat16: the sampler gets float32 parameters equal to the checkpoint's and a config that
-  multiplies bf16 operands (tests/model/test_mixed_matmul.py checks what such a matmul computes)."""
-  generate_module = importlib.import_module("dgemma.sampling.generate")
-  seen = []
-  real = generate_module.compile_generate
-
-  def spy(params, config, *args, **kwargs):
-    seen.append((config.param_dtype, config.matmul_dtype, params))
-    return real(params, config, *args, **kwargs)
-
-  monkeypatch.setattr(generate_module, "compile_generate", spy)
-  for flag in ([], ["--matmul_dtype=bfloat16"]):
-    rc, out, err = _run([f"--ckpt={ckpts['bare']}", "--prompt_ids=2,5", "--max_new_tokens=4", "--steps=2", *flag],
-                        capsys)
+  for flags in flag_sets:
+    rc, out, err = _run([f"--ckpt={ckpt}", "--prompt_ids=2,5", "--max_new_tokens=4", "--steps=2", *flags], capsys)
     assert rc == 0, err
     assert "tokens/s" in out
-  (plain_dtype, plain_mm, plain), (dtype, mm, params) = seen
-  assert (plain_mm, dtype, mm) == ("", "float32", "bfloat16")
+  return seen
+
+
+def test_moe_impl_overrides_the_checkpoint_config(ckpts, capsys, monkeypatch):
+  seen = _configs_sampled(monkeypatch, capsys, ckpts["bare"], ([], ["--moe_impl=dense"]))
+  assert [config.moe_impl for config, _ in seen] == ["xla", "dense"]  # the checkpoint's choice, then the flag's
+
+
+def test_matmul_dtype_runs_float32_weights_with_bf16_matmuls(ckpts, capsys, monkeypatch, tmp_path):
+  """--matmul_dtype=bfloat16 on a bf16 checkpoint: the sampler gets float32 parameters equal to the checkpoint's
+  bf16 weights and a config that multiplies bf16 operands (tests/model/test_mixed_matmul.py checks that product)."""
+  config = small_dense(64, width=16, num_layers=1, num_heads=2, canvas_length=4, stop_ids=(1,),
+                       param_dtype="bfloat16")
+  save_model(str(tmp_path / "bf16"), config, model.init_params(config, jax.random.key(0)))
+  (plain_config, plain), (config, params) = _configs_sampled(monkeypatch, capsys, tmp_path / "bf16",
+                                                             ([], ["--matmul_dtype=bfloat16"]))
+  assert (plain_config.param_dtype, plain_config.matmul_dtype) == ("bfloat16", "")
+  assert (config.param_dtype, config.matmul_dtype) == ("float32", "bfloat16")
   for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(params)):
-    assert b.dtype == np.float32
+    assert a.dtype == jax.numpy.bfloat16 and b.dtype == np.float32
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b))
 
 
