@@ -67,17 +67,20 @@ def encode(params: dict, config: ModelConfig, tokens: Int[Array, "B T"], cache: 
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def _denoise(params, config, canvas, cache, sc_logits, sc_mask):
-  return DiffusionGemma(config).apply({"params": params}, canvas, cache, sc_logits, sc_mask,
+def _denoise(params, config, canvas, cache, sc_logits, sc_mask, sc_probs):
+  return DiffusionGemma(config).apply({"params": params}, canvas, cache, sc_logits, sc_mask, sc_probs,
                                       method=DiffusionGemma.denoise)
 
 
 def denoise(params: dict, config: ModelConfig, canvas: Int[Array, "B C"], cache: KVCache,
             self_conditioning_logits: Float[Array, "B C V"] | None = None,
-            self_conditioning_mask: Bool[Array, "B"] | None = None) -> Float[Array, "B C V"]:
+            self_conditioning_mask: Bool[Array, "B"] | None = None,
+            self_conditioning_probs: Float[Array, "B C V"] | None = None) -> Float[Array, "B C V"]:
   """Bidirectional denoiser logits for `canvas`, reading (never writing) `cache`.
 
   Canvas positions continue at each row's `cache.end`. `self_conditioning_logits=None` is the first-step
   "no signal" (zero soft embedding); `self_conditioning_mask[b]=False` zeroes the signal of row b.
+  `self_conditioning_probs`: softmax(logits) in place of the logits, when the caller has it.
   """
-  return _denoise(params, config, canvas, cache, self_conditioning_logits, self_conditioning_mask)
+  return _denoise(params, config, canvas, cache, self_conditioning_logits, self_conditioning_mask,
+                  self_conditioning_probs)

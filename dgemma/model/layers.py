@@ -276,7 +276,11 @@ class Embedder(nn.Module):
 
   def encode_soft(self, logits_BxTxV: Float[Array, "B T V"]) -> Array:
     """Soft embedding of logits: softmax(ℓ) @ E · sqrt(D) (self-conditioning input)."""
-    probs = jax.nn.softmax(logits_BxTxV.astype(jnp.float32), axis=-1).astype(self.embedding.dtype)
+    return self.encode_probs(jax.nn.softmax(logits_BxTxV.astype(jnp.float32), axis=-1))
+
+  def encode_probs(self, probs_BxTxV: Float[Array, "B T V"]) -> Array:
+    """probs @ E · sqrt(D): `encode_soft` for a caller that has the softmax already (the sampler)."""
+    probs = probs_BxTxV.astype(self.embedding.dtype)
     return token_matmul(probs, self.embedding, operand_dtype=self.config.matmul_dtype) * self.scale()
 
   def decode(self, x_BxTxD: Array) -> Float[Array, "B T V"]:

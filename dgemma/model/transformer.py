@@ -117,14 +117,20 @@ class DiffusionGemma(nn.Module):
 
   def denoise(self, canvas_BxC: Int[Array, "B C"], cache: KVCache,
               self_conditioning_logits: Float[Array, "B C V"] | None = None,
-              self_conditioning_mask: Bool[Array, "B"] | None = None) -> Float[Array, "B C V"]:
+              self_conditioning_mask: Bool[Array, "B"] | None = None,
+              self_conditioning_probs: Float[Array, "B C V"] | None = None) -> Float[Array, "B C V"]:
+    """`self_conditioning_probs`: softmax(self_conditioning_logits) instead of the logits, from a caller that
+    computed it already (the sampler), which saves a vocabulary-wide softmax per step."""
+    if self_conditioning_logits is not None and self_conditioning_probs is not None:
+      raise ValueError("give self-conditioning logits or probabilities, not both")
     c = canvas_BxC.shape[1]
     positions = cache.end[:, None] + jnp.arange(c)[None, :]
     x = self.embedder.encode(canvas_BxC, positions)
-    if self_conditioning_logits is None:
+    if self_conditioning_logits is None and self_conditioning_probs is None:
       soft = None  # "no signal": exactly HF's self_conditioning_logits=None
     else:
-      soft = self.embedder.encode_soft(self_conditioning_logits)
+      soft = (self.embedder.encode_soft(self_conditioning_logits) if self_conditioning_probs is None
+              else self.embedder.encode_probs(self_conditioning_probs))
       if self_conditioning_mask is not None:
         soft = soft * self_conditioning_mask[:, None, None].astype(soft.dtype)
     x = self.self_conditioning(x, soft)

@@ -47,10 +47,13 @@ class TokenStats:
   argmax: Int[Array, "B C"]  # first arg-max (ties go to the lowest id, as torch.argmax)
   entropy: Float[Array, "B C"]  # nats
   sample: Int[Array, "B C"] | None  # a draw from softmax(logits), when uniforms were given
+  probs: Float[Array, "B C V"] | None = None  # softmax(logits), float32, when asked for
 
 
-def analyse(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "B C"] | None = None) -> TokenStats:
-  """Arg-max, entropy and (given one uniform in [0, 1) per position) a sample, sharing one exp pass.
+def analyse(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "B C"] | None = None,
+            with_probs: bool = False) -> TokenStats:
+  """Arg-max, entropy, (given one uniform in [0, 1) per position) a sample and (`with_probs`) softmax(logits),
+  sharing one exp pass.
 
   Sampling is by inverse CDF in two levels: the block from the cumulative block masses, then the token
   inside that block. Only positive-probability tokens can come out: when rounding puts the target at or
@@ -73,8 +76,9 @@ def analyse(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "B C"
   total = jnp.sum(block_mass, axis=-1)
   weighted = jnp.einsum("...nk,...nk->...", e, z)
   entropy = jnp.log(total) - weighted / total
+  probs = (e / total[..., None, None]).reshape(logits_BxCxV.shape) if with_probs else None
   if uniform_BxC is None:
-    return TokenStats(argmax=argmax, entropy=entropy, sample=None)
+    return TokenStats(argmax=argmax, entropy=entropy, sample=None, probs=probs)
 
   block_cdf = jnp.cumsum(block_mass, axis=-1)
   target = uniform_BxC * block_cdf[..., -1]
@@ -85,7 +89,7 @@ def analyse(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "B C"
   inner_cdf = before[..., None] + jnp.cumsum(inner, axis=-1)
   last_nonzero = k - 1 - _first_true(jnp.flip(inner > 0, axis=-1))
   within = jnp.minimum(jnp.sum(inner_cdf <= target[..., None], axis=-1), last_nonzero)
-  return TokenStats(argmax=argmax, entropy=entropy, sample=(blk * k + within).astype(jnp.int32))
+  return TokenStats(argmax=argmax, entropy=entropy, sample=(blk * k + within).astype(jnp.int32), probs=probs)
 
 
 def argmax(logits_BxCxV: Float[Array, "B C V"]) -> Int[Array, "B C"]:

@@ -144,7 +144,9 @@ class _StepState:
   step: Int[Array, ""]
   canvas: Int[Array, "B C"]
   argmax: Int[Array, "B C"]
-  sc_logits: Array  # [B, C, V] tempered logits of the previous step, in the embedding dtype ([B, C, 0] when off)
+  # [B, C, V] the previous step's tempered logits in the embedding dtype, or (float32 models) their softmax, which
+  # the step computes anyway; [B, C, 0] when self-conditioning is off
+  sc_signal: Array
   finished: Bool[Array, "B"]
   history: Int[Array, "S B C"]
   steps: Int[Array, "B"]
@@ -182,6 +184,9 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, row_keys_B: Arr
   c, n_steps, vocab = s.canvas_length, s.max_denoising_steps, config.vocab_size
   n_canvases = s.num_canvases(c)
   sc_dtype = jnp.dtype(config.param_dtype)  # HF casts the self-conditioning logits to the embedding dtype
+  # In float32 that cast is the identity, so the softmax the step takes of the tempered logits is the signal's
+  # own: pass it as is and the network skips a second vocabulary-wide softmax. (bf16: the logits, cast.)
+  sc_probs = s.self_conditioning and sc_dtype == jnp.float32
   traj_steps = n_steps if s.return_trajectory else 0
 
   def encode(tokens, cache, valid):
@@ -210,7 +215,10 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, row_keys_B: Arr
         temp = schedules.temperature(s.schedule, s.t_max, s.t_min, n_steps - st.step, n_steps)
       if s.self_conditioning:
         has_sc = k_B > 0  # the first step of an attempt has no self-conditioning signal
-        raw = model.apply(variables, st.canvas, cache, st.sc_logits, has_sc, method=DiffusionGemma.denoise)
+        signal = dict(self_conditioning_probs=st.sc_signal) if sc_probs else dict(
+            self_conditioning_logits=st.sc_signal)
+        raw = model.apply(variables, st.canvas, cache, self_conditioning_mask=has_sc, **signal,
+                          method=DiffusionGemma.denoise)
       else:  # every step denoises as the first one does
         raw = model.apply(variables, st.canvas, cache, method=DiffusionGemma.denoise)
       logits = raw / temp
@@ -218,7 +226,7 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, row_keys_B: Arr
       sample_keys, noise_keys = jnp.moveaxis(_per_row(jax.random.split, step_keys), 1, 0)
       uniform = _per_row(lambda k: jax.random.uniform(k, (c,)), sample_keys)
       noise = _per_row(lambda k: jax.random.randint(k, (c,), 0, vocab, jnp.int32), noise_keys)
-      stats = acceptance.analyse(logits, uniform)
+      stats = acceptance.analyse(logits, uniform, with_probs=sc_probs)
       accept = acceptance.entropy_bounded_accept(stats.entropy, s.entropy_bound)
       canvas = acceptance.renoise(accept, stats.sample, noise)
       # Rows that already stopped keep their canvas and argmax. (HF also keeps their self-conditioning
@@ -226,7 +234,10 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, row_keys_B: Arr
       frozen = st.finished[:, None]
       argmax = jnp.where(frozen, st.argmax, stats.argmax)
       canvas = jnp.where(frozen, st.canvas, canvas)
-      sc_logits = logits.astype(sc_dtype) if s.self_conditioning else st.sc_logits  # (empty placeholder)
+      if not s.self_conditioning:
+        sc_signal = st.sc_signal  # (the empty placeholder)
+      else:
+        sc_signal = stats.probs if sc_probs else logits.astype(sc_dtype)
       finished, history = st.finished, st.history
       if s.adaptive_stopping:
         stop, history = stopping.stable_and_confident(history, argmax, stats.entropy, s.confidence_threshold)
@@ -245,14 +256,14 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, row_keys_B: Arr
         attempt_step = jnp.where(again, 0, attempt_step)
         attempt_len = jnp.where(again, jnp.minimum(s.restart_after, n_steps - (st.step + 1)), attempt_len)
         attempt_keys_data = jnp.where(again[:, None], jax.random.key_data(next_keys), attempt_keys_data)
-      return _StepState(step=st.step + 1, canvas=canvas, argmax=argmax, sc_logits=sc_logits,
+      return _StepState(step=st.step + 1, canvas=canvas, argmax=argmax, sc_signal=sc_signal,
                         finished=finished, history=history, steps=steps, trajectory=trajectory,
                         attempt=attempt, attempt_step=attempt_step, attempt_len=attempt_len,
                         attempt_keys=attempt_keys_data)
 
     init = _StepState(
         step=jnp.int32(0), canvas=canvas0, argmax=canvas0,
-        sc_logits=jnp.zeros((b, c, vocab if s.self_conditioning else 0), sc_dtype), finished=done_B,
+        sc_signal=jnp.zeros((b, c, vocab if s.self_conditioning else 0), sc_dtype), finished=done_B,
         history=stopping.init_history(s.stability_threshold if s.adaptive_stopping else 0, b, c),
         steps=jnp.zeros((b,), jnp.int32), trajectory=jnp.full((b, traj_steps, c), -1, jnp.int32),
         attempt=jnp.zeros((b,), jnp.int32), attempt_step=jnp.zeros((b,), jnp.int32),

@@ -57,6 +57,23 @@ def test_denoiser_depends_on_cache_and_self_conditioning(params):
   assert float(jnp.abs(a - model.denoise(params, CONFIG, canvas, cache1, sc)).max()) > 1e-4
 
 
+def test_self_conditioning_probabilities_equal_their_logits(params):
+  """The sampler passes softmax(logits) (from `acceptance.analyse`, which computes it anyway) in place of the
+  logits: the same signal, up to float32 rounding of the normaliser."""
+  from dgemma.sampling import acceptance
+  canvas = _tokens(8, (2, 8))
+  _, cache = model.encode(params, CONFIG, _tokens(9, (2, 7)), model.init_cache(CONFIG, 2, 16))
+  sc = 3.0 * jax.random.normal(jax.random.key(2), (2, 8, CONFIG.vocab_size))
+  mask = jnp.asarray([True, False])
+  probs = acceptance.analyse(sc, with_probs=True).probs
+  np.testing.assert_allclose(probs, jax.nn.softmax(sc, axis=-1), rtol=1e-5, atol=1e-7)
+  from_logits = model.denoise(params, CONFIG, canvas, cache, sc, mask)
+  from_probs = model.denoise(params, CONFIG, canvas, cache, self_conditioning_mask=mask, self_conditioning_probs=probs)
+  np.testing.assert_allclose(from_probs, from_logits, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="not both"):
+    model.denoise(params, CONFIG, canvas, cache, sc, mask, probs)
+
+
 def test_rows_are_independent(params):
   prompt, canvas = _tokens(8, (3, 7)), _tokens(9, (3, 8))
   _, cache = model.encode(params, CONFIG, prompt, model.init_cache(CONFIG, 3, 16))
