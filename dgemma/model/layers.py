@@ -154,7 +154,7 @@ class GeGLU(nn.Module):
     down = self.param("down", init_normal, (self.hidden, d), self.dtype)
     mm = lambda x, w: token_matmul(x, w, operand_dtype=self.matmul_dtype)
     # One matmul for gate and up: the concatenated weight is loop-invariant, so XLA builds it once per sampling
-    # call, and the step runs one dot where it ran two (on XLA:CPU ~0.1 ms less per GeGLU at 64 x 256 -> 512).
+    # call, and the step runs one dot where it ran two (XLA:CPU, 64 x 256 -> 512, bf16 operands: ~0.06 ms less each).
     gu = mm(x_BxTxD, jnp.concatenate([gate, up], axis=1))
     h = gelu_tanh(gu[..., :self.hidden]) * gu[..., self.hidden:]
     return mm(h, down)
