@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import flax.struct
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
@@ -72,9 +73,10 @@ def analyse(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "B C"
   e = jnp.exp(z)  # unnormalised probabilities, [.., nb, k]
   # H = log Z - E_p[z]. Both vocabulary-wide sums are dot products: XLA:CPU runs reductions that share an
   # operand several times slower than one dot each.
-  block_mass = jnp.einsum("...nk,k->...n", e, jnp.ones((k,), e.dtype))
+  # (HIGHEST: these are sums, which GPUs would otherwise take as TF32 products, ~3 digits.)
+  block_mass = jnp.einsum("...nk,k->...n", e, jnp.ones((k,), e.dtype), precision=jax.lax.Precision.HIGHEST)
   total = jnp.sum(block_mass, axis=-1)
-  weighted = jnp.einsum("...nk,...nk->...", e, z)
+  weighted = jnp.einsum("...nk,...nk->...", e, z, precision=jax.lax.Precision.HIGHEST)
   entropy = jnp.log(total) - weighted / total
   probs = (e / total[..., None, None]).reshape(logits_BxCxV.shape) if with_probs else None
   if uniform_BxC is None:
