@@ -52,9 +52,14 @@ class TokenStats:
 
 
 def analyse(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "B C"] | None = None,
-            with_probs: bool = False) -> TokenStats:
-  """Arg-max, entropy, (given one uniform in [0, 1) per position) a sample and (`with_probs`) softmax(logits),
-  sharing one exp pass.
+            with_probs: bool = False, temperature: float | Array = 1.0) -> TokenStats:
+  """Arg-max, entropy, (given one uniform in [0, 1) per position) a sample and (`with_probs`) the softmax of
+  the tempered logits `logits / temperature`, sharing one exp pass.
+
+  The temperature (> 0; a scalar or broadcastable to [B, C, 1]) is applied inside that pass, as
+  exp((logits - max) / temperature): the tempered logits are never written out, which saves two
+  vocabulary-wide passes per denoising step. The arg-max is the raw logits' (the same tokens: dividing by a
+  positive temperature keeps the order).
 
   Sampling is by inverse CDF in two levels: the block from the cumulative block masses, then the token
   inside that block. Only positive-probability tokens can come out: when rounding puts the target at or
@@ -69,7 +74,10 @@ def analyse(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "B C"
   argmax = top_blk * k + _first_true(_take_block(blocks, top_blk) == top[..., None])
 
   # Clamped like torch's Categorical, so that a -inf logit adds 0 * finite (not NaN) to the entropy.
-  z = jnp.maximum(blocks - top[..., None, None], jnp.finfo(jnp.float32).min)
+  # (A multiply by 1 / temperature: cheaper than a division in this vocabulary-wide pass, within one rounding.)
+  inv_t = 1.0 / jnp.asarray(temperature, jnp.float32)
+  inv_t = inv_t.reshape(inv_t.shape[:-1] + (1, 1)) if inv_t.ndim else inv_t  # [B, C or 1, 1] -> [B, C or 1, 1, 1]
+  z = jnp.maximum((blocks - top[..., None, None]) * inv_t, jnp.finfo(jnp.float32).min)
   e = jnp.exp(z)  # unnormalised probabilities, [.., nb, k]
   # H = log Z - E_p[z]. Both vocabulary-wide sums are dot products: XLA:CPU runs reductions that share an
   # operand several times slower than one dot each.

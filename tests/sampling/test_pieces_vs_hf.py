@@ -181,6 +181,23 @@ def test_sampling_at_near_zero_temperature_is_argmax():
   np.testing.assert_array_equal(np.asarray(acceptance.entropy(jnp.asarray(logits))), 0.0)
 
 
+def test_analyse_applies_the_temperature_as_hf_divides_the_logits():
+  """`analyse(logits, temperature=t)` (the tempered logits never written out) gives what HF computes from
+  `logits / t`: torch's entropy and softmax, and the same arg-max and inverse-CDF draw; per-row t too."""
+  logits = _logits(9, 3, 16, 4096)
+  logits[0, 0, :5] = -np.inf
+  u = jnp.asarray(np.random.default_rng(10).random((3, 16), dtype=np.float32))
+  for t in (0.8, np.array([0.4, 0.63, 1.7], np.float32).reshape(3, 1, 1)):
+    tempered = torch.tensor(logits) / torch.tensor(t)
+    stats = acceptance.analyse(jnp.asarray(logits), u, with_probs=True, temperature=jnp.asarray(t))
+    np.testing.assert_allclose(np.asarray(stats.entropy), torch.distributions.Categorical(logits=tempered).entropy(),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(stats.probs), torch.softmax(tempered, -1).numpy(), rtol=1e-5, atol=1e-8)
+    np.testing.assert_array_equal(np.asarray(stats.argmax), tempered.argmax(-1).numpy())
+    divided = acceptance.analyse(jnp.asarray(logits / t), u)
+    np.testing.assert_array_equal(np.asarray(stats.sample), np.asarray(divided.sample))
+
+
 def test_block_size_divides_the_vocabulary():
   for v in (13, 64, 4096, 262144, 1000):
     k = acceptance.block_size(v)
