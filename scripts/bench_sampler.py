@@ -47,7 +47,8 @@ flags.DEFINE_integer("steps", 48, "Denoising steps per canvas.", **_D)
 flags.DEFINE_integer("prompt_len", 32, "Prompt length.", **_D)
 flags.DEFINE_integer("batch", 1, "Batch size.", **_D)
 flags.DEFINE_integer("repeats", 5, "Timed runs of each JAX program (the median is reported).", **_D)
-flags.DEFINE_integer("hf_repeats", 3, "Timed runs of HF generate, after one untimed warm-up.", **_D)
+flags.DEFINE_integer("hf_repeats", 5, "Timed runs of HF generate, after one untimed warm-up; each is paired with "
+                     "a run of ours right after it.", **_D)
 flags.DEFINE_enum("moe_impl", "dense", list(MOE_IMPLS),
                   "Our MoE experts: 'dense' (every expert; the fastest on CPU at these sizes) or 'xla' "
                   "(lax.ragged_dot, only the chosen experts). HF is unaffected.", **_D)
@@ -203,11 +204,17 @@ def run() -> dict:
       return hf.generate(torch.tensor(prompt, dtype=torch.long), **hf_kwargs)
 
   hf_generate()  # warm-up
-  times = []
+  # Each HF run is followed by one of ours, so that a change in the machine's speed (shared hosts drift by
+  # 20% within minutes) hits both sides of a pair alike; the paired ratios are reported besides the medians.
+  times, ours_paired = [], []
   for _ in range(FLAGS.hf_repeats):
     start = time.perf_counter()
     hf_out = hf_generate()
     times.append(time.perf_counter() - start)
+    ours_paired.append(_median_time(lambda: ours(prompt, valid, key), 1)[0])
+  results["paired"] = dict(ratios=[hf_s / ours_s for hf_s, ours_s in zip(times, ours_paired)],
+                           ours_seconds=ours_paired, hf_seconds=list(times))
+  results["paired"]["median_ratio"] = statistics.median(results["paired"]["ratios"])
   hf_tpf = float(hf_out.tokens_per_forward.float().mean())
   results["transformers"] = dict(seconds=statistics.median(times), compile_s=0.0, tokens=b * new_tokens,
                                  steps_per_canvas=new_tokens / hf_tpf / FLAGS.canvases,
@@ -289,6 +296,11 @@ def report(results: dict) -> str:
     steps = "-" if r["steps_per_canvas"] is None else f"{r['steps_per_canvas']:.1f}"
     lines.append(f"| {label} | {rate:.1f} | {rate / hf_rate:.2f} | {steps} | {r['tokens_per_forward']:.2f} | "
                  f"{r['seconds']:.3f} | {r['compile_s']:.1f} |")
+  if "paired" in results:  # (results files from before the pairing have none)
+    p = results["paired"]
+    lines += ["", f"x transformers, run for run (each HF run followed by one of ours): median "
+                  f"{p['median_ratio']:.2f}x over {len(p['ratios'])} pairs ("
+                  + ", ".join(f"{r:.2f}" for r in p["ratios"]) + ")"]
   o = results["overhead"]
   lines += ["", f"sampler overhead over bare denoiser passes (one canvas, all {s['steps']} steps, prefill "
                 f"included): {o['sampler_step_ms']:.2f} ms/step vs {o['bare_step_ms']:.2f} ms/step; median "

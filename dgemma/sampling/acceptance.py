@@ -37,6 +37,16 @@ def _first_true(mask: Bool[Array, "... N"]) -> Int[Array, "..."]:
   return jnp.min(jnp.where(mask, jnp.arange(n, dtype=jnp.int32), n), axis=-1)
 
 
+def _max_last(x: Array) -> Array:
+  """max over the last axis as halving elementwise maxima, which XLA fuses into one small kernel: on XLA:CPU a
+  reduction op over a few thousand elements costs ~35 us of fixed overhead, several times that kernel."""
+  while x.shape[-1] > 1:
+    half = x.shape[-1] // 2
+    head = jnp.maximum(x[..., :half], x[..., half:2 * half])
+    x = head if x.shape[-1] % 2 == 0 else jnp.concatenate([head, x[..., -1:]], axis=-1)
+  return x[..., 0]
+
+
 def _take_block(blocks: Array, index: Int[Array, "..."]) -> Array:
   """blocks[..., index, :] for a per-position block index."""
   return jnp.take_along_axis(blocks, index[..., None, None], axis=-2)[..., 0, :]
@@ -69,7 +79,7 @@ def analyse(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "B C"
   blocks = _blocks(logits)
   nb, k = blocks.shape[-2:]
   block_max = jnp.max(blocks, axis=-1)
-  top = jnp.max(block_max, axis=-1)
+  top = _max_last(block_max)
   top_blk = _first_true(block_max == top[..., None])
   argmax = top_blk * k + _first_true(_take_block(blocks, top_blk) == top[..., None])
 
@@ -121,13 +131,19 @@ def entropy_bounded_accept(entropy_BxC: Float[Array, "B C"], bound: float) -> Bo
   """Accept the lowest-entropy positions while the entropy summed over the lower ones stays <= bound.
 
   Sorted ascending, position j is accepted iff sum_{m<j} H_(m) <= bound (HF's `accept_canvas`); the
-  lowest-entropy position is therefore always accepted.
+  lowest-entropy position is therefore always accepted. Ties sort by position, as a stable sort.
+
+  Computed without sorting: position m comes before j iff H_m < H_j, or H_m == H_j and m < j, and the sum of
+  the entropies before each j is one [C, C] by [C] matrix-vector product. On XLA:CPU the two sorts (the order
+  and its inverse) cost 9 us for a 64-token canvas and 290 us for 16 x 96, the product 1 and 40 us.
   """
-  order = jnp.argsort(entropy_BxC, axis=-1)
-  sorted_h = jnp.take_along_axis(entropy_BxC, order, axis=-1)
-  accept_sorted = jnp.cumsum(sorted_h, axis=-1) - sorted_h <= bound
-  rank = jnp.argsort(order, axis=-1)  # inverse permutation: where each position landed in the sort
-  return jnp.take_along_axis(accept_sorted, rank, axis=-1)
+  h = entropy_BxC
+  position = jnp.arange(h.shape[-1])
+  h_m, h_j = h[..., None, :], h[..., :, None]
+  before_BxCxC = (h_m < h_j) | ((h_m == h_j) & (position[None, :] < position[:, None]))  # [b, j, m]
+  # (HIGHEST: a sum of float32 entropies, not a TF32 product on GPUs.)
+  lower_BxC = jnp.einsum("...jm,...m->...j", before_BxCxC.astype(h.dtype), h, precision=jax.lax.Precision.HIGHEST)
+  return lower_BxC <= bound
 
 
 def renoise(accept_BxC: Bool[Array, "B C"], candidates_BxC: Int[Array, "B C"],

@@ -148,7 +148,8 @@ class _StepState:
   canvas: Int[Array, "B C"]
   argmax: Int[Array, "B C"]
   # [B, C, V] the previous step's tempered logits in the embedding dtype, or (float32 models) their softmax, which
-  # the step computes anyway; [B, C, 0] when self-conditioning is off
+  # the step computes anyway (in bf16 with bf16 matmuls, the copy the network multiplies); [B, C, 0] when
+  # self-conditioning is off
   sc_signal: Array
   finished: Bool[Array, "B"]
   history: Int[Array, "S B C"]
@@ -190,6 +191,9 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, row_keys_B: Arr
   # In float32 that cast is the identity, so the softmax the step takes of the tempered logits is the signal's
   # own: pass it as is and the network skips a second vocabulary-wide softmax. (bf16: the logits, cast.)
   sc_probs = s.self_conditioning and sc_dtype == jnp.float32
+  # With bf16 matmuls the network multiplies a bf16 copy of them: carry that copy, so that the step writes it in
+  # the pass that normalises them (half the bytes, and no separate cast in the network; the same numbers).
+  carried_dtype = jnp.bfloat16 if sc_probs and config.matmul_dtype == "bfloat16" else sc_dtype
   traj_steps = n_steps if s.return_trajectory else 0
 
   def encode(tokens, cache, valid):
@@ -239,7 +243,7 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, row_keys_B: Arr
       if not s.self_conditioning:
         sc_signal = st.sc_signal  # (the empty placeholder)
       else:
-        sc_signal = stats.probs if sc_probs else (raw / temp).astype(sc_dtype)
+        sc_signal = stats.probs.astype(carried_dtype) if sc_probs else (raw / temp).astype(sc_dtype)
       finished, history = st.finished, st.history
       if s.adaptive_stopping:
         stop, history = stopping.stable_and_confident(history, argmax, stats.entropy, s.confidence_threshold)
@@ -265,7 +269,7 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, row_keys_B: Arr
 
     init = _StepState(
         step=jnp.int32(0), canvas=canvas0, argmax=canvas0,
-        sc_signal=jnp.zeros((b, c, vocab if s.self_conditioning else 0), sc_dtype), finished=done_B,
+        sc_signal=jnp.zeros((b, c, vocab if s.self_conditioning else 0), carried_dtype), finished=done_B,
         history=stopping.init_history(s.stability_threshold if s.adaptive_stopping else 0, b, c),
         steps=jnp.zeros((b,), jnp.int32), trajectory=jnp.full((b, traj_steps, c), -1, jnp.int32),
         attempt=jnp.zeros((b,), jnp.int32), attempt_step=jnp.zeros((b,), jnp.int32),

@@ -55,6 +55,21 @@ def test_acceptance_worked_example():
   np.testing.assert_array_equal(acceptance.entropy_bounded_accept(h, 0.1), [[True, True, True, False]])
 
 
+def test_acceptance_with_tied_entropies_follows_a_stable_sort():
+  """Trained models give many exactly equal entropies (zeros above all): ties go in position order."""
+  rng = np.random.default_rng(11)
+  # Binary fractions: every partial sum is exact in float32, so sums that land on the bound exactly count too.
+  h = rng.choice(np.array([0.0, 0.0, 1 / 32, 1 / 16, 1 / 4], np.float32), size=(50, 40))
+  for bound in (0.0, 1 / 16, 0.1, 0.5):
+    expected = np.zeros(h.shape, bool)
+    for row, values in enumerate(h):  # brute force: walk the stably sorted positions, summing what came before
+      below = 0.0
+      for position in np.argsort(values, kind="stable"):
+        expected[row, position] = below <= bound
+        below += float(values[position])
+    np.testing.assert_array_equal(np.asarray(acceptance.entropy_bounded_accept(jnp.asarray(h), bound)), expected)
+
+
 def test_renoise_keeps_accepted_and_replaces_the_rest():
   accept = jnp.asarray([[True, False, True]])
   out = acceptance.renoise(accept, jnp.asarray([[5, 6, 7]]), jnp.asarray([[50, 60, 70]]))
