@@ -94,7 +94,8 @@ def analyse(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "B C"
   # (HIGHEST: these are sums, which GPUs would otherwise take as TF32 products, ~3 digits.)
   block_mass = jnp.einsum("...nk,k->...n", e, jnp.ones((k,), e.dtype), precision=jax.lax.Precision.HIGHEST)
   total = jnp.sum(block_mass, axis=-1)
-  weighted = jnp.einsum("...nk,...nk->...", e, z, precision=jax.lax.Precision.HIGHEST)
+  ones = jnp.ones((k,), e.dtype)
+  weighted = jnp.sum(jnp.einsum("...nk,k->...n", e * z, ones, precision=jax.lax.Precision.HIGHEST), axis=-1)
   entropy = jnp.log(total) - weighted / total
   probs = (e / total[..., None, None]).reshape(logits_BxCxV.shape) if with_probs else None
   if uniform_BxC is None:

@@ -20,7 +20,7 @@ from dgemma.config import ModelConfig
 from dgemma.model.cache import KVCache, init_cache
 from dgemma.model.transformer import DiffusionGemma
 from dgemma.sampling import acceptance
-from dgemma.sampling.generate import row_keys
+from dgemma.sampling.generate import check_rng, row_keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,10 +59,11 @@ class _State:
 
 
 @functools.partial(jax.jit, static_argnames=("config", "ar", "cache_len"))
-def _decode(params, prompt_BxP, valid_BxP, keys_B, *, config: ModelConfig, ar: ARConfig, cache_len: int):
+def _decode(params, prompt_BxP, valid_BxP, rng, *, config: ModelConfig, ar: ARConfig, cache_len: int):
   model = DiffusionGemma(config)
   variables = {"params": params}
   b, p = prompt_BxP.shape
+  keys_B = row_keys(rng, b)
   n = ar.max_new_tokens
   stop_ids = jnp.asarray(ar.stop_ids, jnp.int32)
 
@@ -116,7 +117,8 @@ def _prepare(config: ModelConfig, ar_config: ARConfig, prompt_tokens, prompt_val
   valid = np.ones((b, p), bool) if prompt_valid is None else np.asarray(prompt_valid, bool)
   if valid.shape != (b, p):
     raise ValueError(f"prompt_valid has shape {valid.shape}, expected {(b, p)}")
-  args = (jnp.asarray(prompt, jnp.int32), jnp.asarray(valid), row_keys(rng, b))
+  check_rng(rng, b)
+  args = (jnp.asarray(prompt, jnp.int32), jnp.asarray(valid), rng)
   return args, dict(config=config, ar=ar, cache_len=p + ar.max_new_tokens)
 
 

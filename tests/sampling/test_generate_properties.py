@@ -183,6 +183,8 @@ def test_bad_inputs(tiny):
     generate(params, config, prompt, valid, key, SAMPLER, max_cache_len=20)
   with pytest.raises(ValueError, match="rng must be one key or 4 keys"):
     generate(params, config, prompt, valid, _keys(1, 2), SAMPLER)
+  with pytest.raises(ValueError, match="rng must be a JAX random key"):
+    generate(params, config, prompt, valid, np.zeros(2, np.float32), SAMPLER)
 
 
 def test_without_self_conditioning_the_branch_is_never_read(tiny):

@@ -39,7 +39,9 @@ def main(spec: dict) -> None:
     out = generate(on_mesh, config, prompt, valid, jax.random.key(7), common.SAMPLER)
     # ... and with the batch split over the batch axes too (generate() itself takes host prompts).
     gen = importlib.import_module("dgemma.sampling.generate")
-    args, static = gen._prepare(config, common.SAMPLER, prompt, valid, jax.random.key(7), None, None)
+    # (One key per row, so that the keys split over the batch axes with the prompts.)
+    keys = gen.row_keys(jax.random.key(7), prompt.shape[0])
+    args, static = gen._prepare(config, common.SAMPLER, prompt, valid, keys, None, None)
     batch = sharding.batch_sharding(mesh, rules, prompt.shape[0])
     args = [None if a is None else jax.device_put(a, batch) for a in args]
     split = gen._generate(on_mesh, *args, **static)
