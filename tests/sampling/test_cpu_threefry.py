@@ -31,7 +31,7 @@ def draws(keys):
 
 
 def test_known_answer_vectors():
-  cpu_threefry.use_unrolled_threefry_on_cpu()
+  assert cpu_threefry.use_unrolled_threefry_on_cpu()
   hash_jit = jax.jit(jax_random.threefry_2x32)
   for key, count, expected in KAT:
     out = hash_jit(jnp.array(key, jnp.uint32), jnp.array(count, jnp.uint32))
@@ -45,7 +45,7 @@ def test_draws_equal_jax_rolled_lowering_and_compile_without_loops():
   code = DRAWS + "import json; print(json.dumps({k: v.tolist() for k, v in jax.jit(draws)(keys).items()}))"
   reference = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                         check=True).stdout)
-  cpu_threefry.use_unrolled_threefry_on_cpu()
+  assert cpu_threefry.use_unrolled_threefry_on_cpu()
   scope = {}
   exec(DRAWS, scope)
   ours = jax.jit(scope["draws"])
