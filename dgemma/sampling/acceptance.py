@@ -84,7 +84,7 @@ def analyse(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "B C"
   argmax = top_blk * k + _first_true(_take_block(blocks, top_blk) == top[..., None])
 
   # Clamped like torch's Categorical, so that a -inf logit adds 0 * finite (not NaN) to the entropy.
-  # (A multiply by 1 / temperature: cheaper than a division in this vocabulary-wide pass, within one rounding.)
+  # (Times 1 / temperature: within one rounding of HF's division.)
   inv_t = 1.0 / jnp.asarray(temperature, jnp.float32)
   inv_t = inv_t.reshape(inv_t.shape[:-1] + (1, 1)) if inv_t.ndim else inv_t  # [B, C or 1, 1] -> [B, C or 1, 1, 1]
   z = jnp.maximum((blocks - top[..., None, None]) * inv_t, jnp.finfo(jnp.float32).min)
