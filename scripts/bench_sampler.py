@@ -4,7 +4,7 @@
   2. transformers' DiffusionGemma `generate` on the same HF checkpoint,
   3. autoregressive decoding with our same backbone (encoder + KV cache, one token per pass),
   4. bare denoiser forward passes (prefill + N denoise calls with self-conditioning, no sampling), to measure
-     the sampler's own per-step overhead;
+     the sampler's own per-step overhead: over whole calls, and per added step (both also run with N / 6 steps);
   5. a bound: the FLOPs of one denoising step (XLA's count; and with only the chosen experts, as HF runs them)
      against this CPU's float32 matmul rate (a large jitted matmul), so the table says how fast a step could be.
 
@@ -238,18 +238,32 @@ def run() -> dict:
     sampler_one, _ = compile_generate(params, config, prompt, valid, key, one)
   bare = _bare_program(config, n_steps, c, FLAGS.prompt_len + c)
   canvas = rng.integers(0, config.vocab_size, (b, c)).astype(np.int32)
-  jax.block_until_ready(bare(params, prompt, canvas))  # compile
-  jax.block_until_ready(sampler_one(prompt, valid, key))
-  # Back-to-back pairs, so that a load change on a shared machine hits both alike; the median pair ratio.
-  sampler_times, bare_times = [], []
+  # The same two programs with fewer steps: (long - short) / (steps between) is the cost of one more step,
+  # without what a call pays once (prefill, setup), which the whole-call ratio includes.
+  few = max(1, n_steps // 6)
+  sampler_few, _ = compile_generate(params, config, prompt, valid, key,
+                                    dataclasses.replace(one, max_denoising_steps=few))
+  bare_few = _bare_program(config, few, c, FLAGS.prompt_len + c)
+  programs = dict(sampler=lambda: sampler_one(prompt, valid, key), bare=lambda: bare(params, prompt, canvas),
+                  sampler_few=lambda: sampler_few(prompt, valid, key), bare_few=lambda: bare_few(params, prompt, canvas))
+  for fn in programs.values():
+    jax.block_until_ready(fn())  # compile
+  # Back-to-back rounds of all four, so that a load change on a shared machine hits them alike; the median
+  # sampler / bare ratio of the rounds.
+  times = {name: [] for name in programs}
   for _ in range(2 * FLAGS.repeats):
-    sampler_times.append(_median_time(lambda: sampler_one(prompt, valid, key), 1)[0])
-    bare_times.append(_median_time(lambda: bare(params, prompt, canvas), 1)[0])
-  t_sampler, t_bare = statistics.median(sampler_times), statistics.median(bare_times)
-  ratio = statistics.median(a / b for a, b in zip(sampler_times, bare_times))
-  results["overhead"] = dict(sampler_s=t_sampler, bare_s=t_bare, sampler_step_ms=1e3 * t_sampler / n_steps,
-                             bare_step_ms=1e3 * t_bare / n_steps, overhead=ratio - 1.0,
-                             adaptive_stopping=one.adaptive_stopping)
+    for name, fn in programs.items():
+      times[name].append(_median_time(fn, 1)[0])
+  t = {name: statistics.median(v) for name, v in times.items()}
+  ratio = statistics.median(a / b for a, b in zip(times["sampler"], times["bare"]))
+  per_step = {side: (t[side] - t[side + "_few"]) / max(n_steps - few, 1) for side in ("sampler", "bare")}
+  results["overhead"] = dict(sampler_s=t["sampler"], bare_s=t["bare"], sampler_step_ms=1e3 * t["sampler"] / n_steps,
+                             bare_step_ms=1e3 * t["bare"] / n_steps, overhead=ratio - 1.0,
+                             adaptive_stopping=one.adaptive_stopping, few_steps=few,
+                             sampler_added_step_ms=1e3 * per_step["sampler"], bare_added_step_ms=1e3 * per_step["bare"],
+                             added_step_overhead=per_step["sampler"] / per_step["bare"] - 1.0,
+                             sampler_fixed_ms=1e3 * (t["sampler_few"] - few * per_step["sampler"]),
+                             bare_fixed_ms=1e3 * (t["bare_few"] - few * per_step["bare"]))
   # 5. The bound: how many FLOPs a step is and how fast this CPU multiplies matrices.
   gflop = _step_gflop(params, config, prompt, c)
   # Every layer has the MoE branch; the dense path runs each expert's gate, up and down projection on every token.
@@ -259,7 +273,7 @@ def run() -> dict:
   hf_step_ms = 1e3 * results["transformers"]["seconds"] / (results["transformers"]["steps_per_canvas"]
                                                            * FLAGS.canvases)
   results["bound"] = dict(step_gflop=gflop, step_gflop_chosen_experts=sparse_gflop, matmul_gflops=peak,
-                          bare_step_gflops=gflop / (t_bare / n_steps), hf_step_ms=hf_step_ms,
+                          bare_step_gflops=gflop / (t["bare"] / n_steps), hf_step_ms=hf_step_ms,
                           step_ms_for_5x=hf_step_ms / 5,
                           gflops_for_5x_chosen_experts=sparse_gflop / (hf_step_ms / 5 / 1e3))
   results["settings"] = dict(ckpt=FLAGS.ckpt or "random", vocab=config.vocab_size, width=config.width,
@@ -306,6 +320,10 @@ def report(results: dict) -> str:
                 f"included): {o['sampler_step_ms']:.2f} ms/step vs {o['bare_step_ms']:.2f} ms/step; median "
                 f"paired ratio {100 * o['overhead']:+.1f}%" +
                 ("" if o.get("adaptive_stopping", True) else " (fixed-step sampler: rows stopped early)")]
+  if "added_step_overhead" in o:  # (results files from before this measurement have none)
+    lines += [f"per added step ({o['few_steps']} against {s['steps']} steps): {o['sampler_added_step_ms']:.3f} vs "
+              f"{o['bare_added_step_ms']:.3f} ms, {100 * o['added_step_overhead']:+.1f}%; paid once per call: "
+              f"{o['sampler_fixed_ms']:.1f} vs {o['bare_fixed_ms']:.1f} ms"]
   if "bound" in results:
     d = results["bound"]
     lines += [f"bound: a denoising step is {d['step_gflop']:.2f} GFLOP as we run it ({d['step_gflop_chosen_experts']:.2f} "
