@@ -72,7 +72,7 @@ def _dot(a: Array, b: Array, a_dim: int, b_dim: int, dtype=None) -> Array:
   return jax.lax.dot_general(a, b, (((a_dim,), (b_dim,)), ((), ())), preferred_element_type=dtype)
 
 
-def _bf16_dot(a: Array, b: Array, a_dim: int = 1, b_dim: int = 0) -> Array:
+def _bf16_dot(a: Array, b: Array, a_dim: int, b_dim: int) -> Array:
   return _dot(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), a_dim, b_dim, jnp.float32)
 
 
