@@ -7,7 +7,7 @@ import pytest
 
 from dgemma import model
 from dgemma.config import tiny_moe
-from dgemma.model.layers import experts_dense, experts_ragged_dot, route
+from dgemma.model.layers import experts_dense, experts_ragged_dot, geglu_fused, route
 
 XLA = tiny_moe()
 DENSE = XLA.replace(moe_impl="dense")
@@ -80,3 +80,40 @@ def test_gradients_match(params):
 def test_bad_moe_impl_is_a_clear_error():
   with pytest.raises(ValueError, match="moe_impl must be 'xla', 'dense' or 'pallas', got 'ragged'"):
     XLA.replace(moe_impl="ragged")
+
+
+def _every_expert_weighted(x, weights, experts, gate_up, down, operand_dtype=""):
+  """The dense formula written out: every expert's GeGLU activations, times its routing weight (0 if unchosen)."""
+  one_hot = jax.nn.one_hot(experts, gate_up.shape[0], dtype=weights.dtype)
+  combine = jnp.einsum("tk,tke->te", weights, one_hot).astype(x.dtype)
+  if operand_dtype == "bfloat16":
+    einsum = lambda spec, a, b: jnp.einsum(spec, a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
+                                           preferred_element_type=jnp.float32).astype(x.dtype)
+  else:
+    einsum = jnp.einsum
+  h = geglu_fused(einsum("td,edf->tef", x, gate_up)) * combine[:, :, None]
+  return einsum("tef,efd->td", h, down)
+
+
+@pytest.mark.parametrize("operand_dtype", ["", "bfloat16"])
+def test_chosen_pair_activations_equal_every_expert_weighted(operand_dtype):
+  """The GeGLU on the chosen (token, expert) pairs only, scattered into zeros, gives the numbers of weighting
+  every expert's activations; and an unchosen expert whose activations overflow no longer turns them into NaN."""
+  t, d, e, f, k = 24, 16, 6, 8, 2
+  keys = jax.random.split(jax.random.key(7), 3)
+  x = jax.random.normal(keys[0], (t, d))
+  gate_up = jax.random.normal(keys[1], (e, d, 2 * f)) / d ** 0.5
+  down = jax.random.normal(keys[2], (e, f, d)) / f ** 0.5
+  # Distinct experts per token, never the last one; unnormalised weights, as after per-expert scales.
+  rng = np.random.default_rng(8)
+  experts = jnp.asarray(np.stack([rng.choice(e - 1, k, replace=False) for _ in range(t)]), jnp.int32)
+  weights = jnp.asarray(rng.uniform(0.1, 2.0, (t, k)), jnp.float32)
+  got = jax.jit(experts_dense, static_argnums=5)(x, weights, experts, gate_up, down, operand_dtype)
+  want = jax.jit(_every_expert_weighted, static_argnums=5)(x, weights, experts, gate_up, down, operand_dtype)
+  assert float(jnp.abs(want).mean()) > 0.1
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * float(jnp.abs(want).max()))
+
+  huge = gate_up.at[e - 1].set(1e30)  # inf activations for the expert nobody chose
+  assert np.isnan(np.asarray(_every_expert_weighted(x, weights, experts, huge, down, operand_dtype))).any()
+  np.testing.assert_array_equal(experts_dense(x, weights, experts, huge, down, operand_dtype),
+                                experts_dense(x, weights, experts, gate_up, down, operand_dtype))
