@@ -23,6 +23,17 @@ def param_dtype(config: ModelConfig) -> jnp.dtype:
   return jnp.dtype(config.param_dtype)
 
 
+def max_last_axis(x: Array) -> Array:
+  """max over the last axis as halving elementwise maxima (the same value: max is exact in any order), which XLA
+  fuses into small loop kernels. On XLA:CPU a reduction op costs a fixed ~15-35 us: the attention softmax of a
+  denoising step (4 x 64 queries, 160 keys) took ~47 us with the reduction, ~30 us with this."""
+  while x.shape[-1] > 1:
+    half = x.shape[-1] // 2
+    head = jnp.maximum(x[..., :half], x[..., half:2 * half])
+    x = head if x.shape[-1] % 2 == 0 else jnp.concatenate([head, x[..., -1:]], axis=-1)
+  return x[..., 0]
+
+
 def rms_norm(x: Array, scale: Array | None, eps: float) -> Array:
   """x / rms(x) (· scale), computed in float32 and cast back. The scale is plain `w`, not `1 + w`."""
   x32 = x.astype(jnp.float32)

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from dgemma.model.layers import max_last_axis
+
 
 def block_size(vocab_size: int) -> int:
   """The divisor of `vocab_size` closest to its square root (512 for 262144, 64 for 4096)."""
@@ -35,16 +37,6 @@ def _first_true(mask: Bool[Array, "... N"]) -> Int[Array, "..."]:
   """Index of the first True along the last axis (N if none)."""
   n = mask.shape[-1]
   return jnp.min(jnp.where(mask, jnp.arange(n, dtype=jnp.int32), n), axis=-1)
-
-
-def _max_last(x: Array) -> Array:
-  """max over the last axis as halving elementwise maxima, which XLA fuses into one small kernel: on XLA:CPU a
-  reduction op over a few thousand elements costs ~35 us of fixed overhead, several times that kernel."""
-  while x.shape[-1] > 1:
-    half = x.shape[-1] // 2
-    head = jnp.maximum(x[..., :half], x[..., half:2 * half])
-    x = head if x.shape[-1] % 2 == 0 else jnp.concatenate([head, x[..., -1:]], axis=-1)
-  return x[..., 0]
 
 
 def _take_block(blocks: Array, index: Int[Array, "..."]) -> Array:
@@ -79,7 +71,7 @@ def analyse(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "B C"
   blocks = _blocks(logits)
   nb, k = blocks.shape[-2:]
   block_max = jnp.max(blocks, axis=-1)
-  top = _max_last(block_max)
+  top = max_last_axis(block_max)
   top_blk = _first_true(block_max == top[..., None])
   argmax = top_blk * k + _first_true(_take_block(blocks, top_blk) == top[..., None])
 

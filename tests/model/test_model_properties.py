@@ -204,3 +204,15 @@ def test_relation_bias_config_errors():
     CONFIG.replace(relation_bias=True)
   with pytest.raises(ValueError, match="attention_impl='xla'"):
     _sudoku_relation_config(attention_impl="pallas")
+
+
+@pytest.mark.parametrize("length", [1, 2, 7, 64, 160, 163])
+def test_max_last_axis_is_the_max(length):
+  """The halving-maxima max (attention softmax, sampler arg-max) equals jnp.max exactly, odd lengths, -inf and
+  the masked logit included."""
+  from dgemma.model.layers import max_last_axis
+  x = np.random.default_rng(length).normal(size=(3, 5, length)).astype(np.float32)
+  x[0, 0, :] = -np.inf
+  x[1, 2, :] = -2.3819763e38  # every key masked
+  x[2, 1, length // 2] = 1e30
+  np.testing.assert_array_equal(jax.jit(max_last_axis)(x), np.max(x, axis=-1))
