@@ -18,7 +18,8 @@ from dgemma.config import ModelConfig
 from dgemma.model.cache import KVCache, init_cache
 from dgemma.model.transformer import DiffusionGemma
 
-__all__ = ["DiffusionGemma", "KVCache", "init_cache", "init_params", "param_shapes", "encode", "denoise"]
+__all__ = ["DiffusionGemma", "KVCache", "init_cache", "init_params", "param_shapes", "encode", "denoise",
+           "embedding_table_transposed"]
 
 
 def _init_inputs(config: ModelConfig):
@@ -67,20 +68,28 @@ def encode(params: dict, config: ModelConfig, tokens: Int[Array, "B T"], cache: 
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def _denoise(params, config, canvas, cache, sc_logits, sc_mask, sc_probs):
-  return DiffusionGemma(config).apply({"params": params}, canvas, cache, sc_logits, sc_mask, sc_probs,
+def _denoise(params, config, canvas, cache, sc_logits, sc_mask, sc_probs, sc_table):
+  return DiffusionGemma(config).apply({"params": params}, canvas, cache, sc_logits, sc_mask, sc_probs, sc_table,
                                       method=DiffusionGemma.denoise)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def embedding_table_transposed(params: dict, config: ModelConfig) -> Array:
+  """The embedding table transposed, [D, V], for `denoise(self_conditioning_table=...)`."""
+  return DiffusionGemma(config).apply({"params": params}, method=DiffusionGemma.embedding_table_transposed)
 
 
 def denoise(params: dict, config: ModelConfig, canvas: Int[Array, "B C"], cache: KVCache,
             self_conditioning_logits: Float[Array, "B C V"] | None = None,
             self_conditioning_mask: Bool[Array, "B"] | None = None,
-            self_conditioning_probs: Float[Array, "B C V"] | None = None) -> Float[Array, "B C V"]:
+            self_conditioning_probs: Float[Array, "B C V"] | None = None,
+            self_conditioning_table: Array | None = None) -> Float[Array, "B C V"]:
   """Bidirectional denoiser logits for `canvas`, reading (never writing) `cache`.
 
   Canvas positions continue at each row's `cache.end`. `self_conditioning_logits=None` is the first-step
   "no signal" (zero soft embedding); `self_conditioning_mask[b]=False` zeroes the signal of row b.
-  `self_conditioning_probs`: softmax(logits) in place of the logits, when the caller has it.
+  `self_conditioning_probs`: softmax(logits) in place of the logits, when the caller has it; with them,
+  `self_conditioning_table` (`embedding_table_transposed`, built once by a caller that loops) for their product.
   """
   return _denoise(params, config, canvas, cache, self_conditioning_logits, self_conditioning_mask,
-                  self_conditioning_probs)
+                  self_conditioning_probs, self_conditioning_table)

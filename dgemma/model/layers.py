@@ -297,10 +297,27 @@ class Embedder(nn.Module):
     """Soft embedding of logits: softmax(ℓ) @ E · sqrt(D) (self-conditioning input)."""
     return self.encode_probs(jax.nn.softmax(logits_BxTxV.astype(jnp.float32), axis=-1))
 
-  def encode_probs(self, probs_BxTxV: Float[Array, "B T V"]) -> Array:
-    """probs @ E · sqrt(D): `encode_soft` for a caller that has the softmax already (the sampler)."""
+  def encode_probs(self, probs_BxTxV: Float[Array, "B T V"], table_DxV: Array | None = None) -> Array:
+    """probs @ E · sqrt(D): `encode_soft` for a caller that has the softmax already (the sampler).
+
+    `table_DxV`: E transposed, from a caller that runs this in a loop and built it once (`transposed_table`).
+    Both operands then run along the vocabulary in memory: XLA:CPU multiplies [64, 4096] by [4096, 256] in bf16
+    ~25% faster so (~190 vs ~250 us), and it would copy a transpose taken here on every step.
+    """
     probs = probs_BxTxV.astype(self.embedding.dtype)
-    return token_matmul(probs, self.embedding, operand_dtype=self.config.matmul_dtype) * self.scale()
+    if table_DxV is not None:
+      if table_DxV.shape != self.embedding.shape[::-1]:
+        raise ValueError(f"the transposed embedding table must have shape {self.embedding.shape[::-1]}, got "
+                         f"{table_DxV.shape}")
+      y = unembed_matmul(probs, table_DxV, self.config.matmul_dtype).astype(self.embedding.dtype)
+    else:
+      y = token_matmul(probs, self.embedding, operand_dtype=self.config.matmul_dtype)
+    return y * self.scale()
+
+  def transposed_table(self) -> Array:
+    """E.T ([D, V]) for `encode_probs`, in the dtype its product reads (bf16 with bf16 matmuls)."""
+    table = self.embedding.T
+    return table.astype(jnp.bfloat16) if self.config.matmul_dtype == "bfloat16" else table
 
   def decode(self, x_BxTxD: Array) -> Float[Array, "B T V"]:
     """Tied unembedding, cast to float32, then the final softcap."""

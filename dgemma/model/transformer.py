@@ -118,9 +118,12 @@ class DiffusionGemma(nn.Module):
   def denoise(self, canvas_BxC: Int[Array, "B C"], cache: KVCache,
               self_conditioning_logits: Float[Array, "B C V"] | None = None,
               self_conditioning_mask: Bool[Array, "B"] | None = None,
-              self_conditioning_probs: Float[Array, "B C V"] | None = None) -> Float[Array, "B C V"]:
+              self_conditioning_probs: Float[Array, "B C V"] | None = None,
+              self_conditioning_table: Array | None = None) -> Float[Array, "B C V"]:
     """`self_conditioning_probs`: softmax(self_conditioning_logits) instead of the logits, from a caller that
-    computed it already (the sampler), which saves a vocabulary-wide softmax per step."""
+    computed it already (the sampler), which saves a vocabulary-wide softmax per step.
+    `self_conditioning_table`: `embedding_table_transposed()`, built once outside a caller's loop, for the product
+    of those probabilities with the embedding (`Embedder.encode_probs`)."""
     if self_conditioning_logits is not None and self_conditioning_probs is not None:
       raise ValueError("give self-conditioning logits or probabilities, not both")
     c = canvas_BxC.shape[1]
@@ -130,7 +133,7 @@ class DiffusionGemma(nn.Module):
       soft = None  # "no signal": exactly HF's self_conditioning_logits=None
     else:
       soft = (self.embedder.encode_soft(self_conditioning_logits) if self_conditioning_probs is None
-              else self.embedder.encode_probs(self_conditioning_probs))
+              else self.embedder.encode_probs(self_conditioning_probs, self_conditioning_table))
       if self_conditioning_mask is not None:
         soft = soft * self_conditioning_mask[:, None, None].astype(soft.dtype)
     x = self.self_conditioning(x, soft)
@@ -139,6 +142,9 @@ class DiffusionGemma(nn.Module):
     x, _, _ = self._layers(x, positions, masks_by_kind, cache, None,
                            jnp.concatenate([cache.slot_positions, positions], axis=1))
     return self.embedder.decode(x)
+
+  def embedding_table_transposed(self) -> Array:
+    return self.embedder.transposed_table()
 
   def __call__(self, tokens_BxT, cache, canvas_BxC):
     """Touches every parameter once; used by `init`."""

@@ -74,6 +74,25 @@ def test_self_conditioning_probabilities_equal_their_logits(params):
     model.denoise(params, CONFIG, canvas, cache, sc, mask, probs)
 
 
+@pytest.mark.parametrize("matmul_dtype", ["", "bfloat16"])
+def test_transposed_table_gives_the_same_self_conditioning(params, matmul_dtype):
+  """The sampler multiplies the probabilities by E.T built once (`embedding_table_transposed`): the same product
+  as by the embedding itself, up to the matmul's summation order."""
+  config = CONFIG.replace(matmul_dtype=matmul_dtype)
+  canvas = _tokens(10, (2, 8))
+  _, cache = model.encode(params, config, _tokens(11, (2, 7)), model.init_cache(config, 2, 16))
+  probs = jax.nn.softmax(3.0 * jax.random.normal(jax.random.key(3), (2, 8, config.vocab_size)), axis=-1)
+  table = model.embedding_table_transposed(params, config)
+  assert table.shape == (config.width, config.vocab_size)
+  assert table.dtype == (jnp.bfloat16 if matmul_dtype else jnp.float32)
+  plain = model.denoise(params, config, canvas, cache, self_conditioning_probs=probs)
+  with_table = model.denoise(params, config, canvas, cache, self_conditioning_probs=probs,
+                             self_conditioning_table=table)
+  np.testing.assert_allclose(with_table, plain, rtol=1e-4, atol=1e-4)
+  with pytest.raises(ValueError, match="transposed embedding table must have shape"):
+    model.denoise(params, config, canvas, cache, self_conditioning_probs=probs, self_conditioning_table=table.T)
+
+
 def test_rows_are_independent(params):
   prompt, canvas = _tokens(8, (3, 7)), _tokens(9, (3, 8))
   _, cache = model.encode(params, CONFIG, prompt, model.init_cache(CONFIG, 3, 16))

@@ -179,7 +179,7 @@ def test_bad_inputs(tiny):
     generate(params, config, prompt + 100, None, key, SAMPLER)
   with pytest.raises(ValueError, match="prompt_valid has shape"):
     generate(params, config, prompt, valid[:, :3], key, SAMPLER)
-  with pytest.raises(ValueError, match="needs 30 cache slots, more than max_cache_len=20"):
+  with pytest.raises(ValueError, match="needs 30 tokens of context, more than max_cache_len=20"):
     generate(params, config, prompt, valid, key, SAMPLER, max_cache_len=20)
   with pytest.raises(ValueError, match="rng must be one key or 4 keys"):
     generate(params, config, prompt, valid, _keys(1, 2), SAMPLER)

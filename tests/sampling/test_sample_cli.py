@@ -143,7 +143,7 @@ def test_matmul_dtype_runs_float32_weights_with_bf16_matmuls(ckpts, capsys, monk
                                        "SentencePiece .model); pass --prompt_ids=1,2,3"),
     (["--ckpt={plain}", "--prompt=hi", "--chat=on"], "error: --chat=on but the tokenizer of {plain} has no chat"),
     (["--ckpt={bare}", "--prompt_ids=2,5,6", "--max_cache_len=10"],
-     "error: a prompt of 3 tokens plus 64 canvas(es) of 4 tokens needs 259 cache slots, more than "
+     "error: a prompt of 3 tokens plus 64 canvas(es) of 4 tokens needs 259 tokens of context, more than "
      "max_cache_len=10"),
     (["--ckpt={bare}", "--prompt_ids=2,5,6", "--t_max=0.3"], "error: t_max must be > t_min"),
     (["--ckpt={bare}", "--prompt_ids=2,5,6", "--steps=0"], "error: max_denoising_steps must be a positive"),
