@@ -9,7 +9,7 @@ import pytest
 from dgemma import model
 from dgemma.config import GLOBAL, LOCAL, tiny_moe
 from dgemma.sampling import SamplerConfig, generate, sampler_config
-from dgemma.sampling.generate import _generate
+from dgemma.sampling.generate import _generate, _prepare
 
 STEPS = 10
 # Low temperature on a model with large weights: rows settle and stop after different numbers of steps, so
@@ -185,6 +185,24 @@ def test_bad_inputs(tiny):
     generate(params, config, prompt, valid, _keys(1, 2), SAMPLER)
   with pytest.raises(ValueError, match="rng must be a JAX random key"):
     generate(params, config, prompt, valid, np.zeros(2, np.float32), SAMPLER)
+
+
+@pytest.mark.parametrize("max_new_tokens", [8, 24])  # one canvas of 8, three
+def test_cache_has_no_slots_for_the_last_canvas(tiny, max_new_tokens):
+  """The last canvas is never committed, so the cache holds the prompt and the canvases before it: a denoising
+  step attends over every slot, and a slot never written would be work for nothing. Slots for it would change
+  nothing (the same tokens)."""
+  config, params = tiny
+  prompt, valid = _batch(3)
+  sampler = SamplerConfig(max_denoising_steps=4, max_new_tokens=max_new_tokens, t_max=0.03, t_min=0.015)
+  args, static = _prepare(config, sampler, prompt, valid, jax.random.key(3), None, None)
+  c = config.canvas_length
+  n = max_new_tokens // c
+  assert static["cache_len"] == prompt.shape[1] + (n - 1) * c
+  tight = _generate(params, *args, **static)
+  roomy = _generate(params, *args, **dict(static, cache_len=prompt.shape[1] + n * c))
+  np.testing.assert_array_equal(tight.tokens, roomy.tokens)
+  np.testing.assert_array_equal(tight.steps_per_canvas, roomy.steps_per_canvas)
 
 
 def test_without_self_conditioning_the_branch_is_never_read(tiny):
