@@ -88,8 +88,9 @@ def denoise(params: dict, config: ModelConfig, canvas: Int[Array, "B C"], cache:
 
   Canvas positions continue at each row's `cache.end`. `self_conditioning_logits=None` is the first-step
   "no signal" (zero soft embedding); `self_conditioning_mask[b]=False` zeroes the signal of row b.
-  `self_conditioning_probs`: softmax(logits) in place of the logits, when the caller has it; with them,
-  `self_conditioning_table` (`embedding_table_transposed`, built once by a caller that loops) for their product.
+  `self_conditioning_probs`: softmax(logits) in place of the logits, when the caller has it.
+  `self_conditioning_table`: `embedding_table_transposed`, built once by a caller that loops, for the product of the
+  self-conditioning probabilities with the embedding.
   """
   return _denoise(params, config, canvas, cache, self_conditioning_logits, self_conditioning_mask,
                   self_conditioning_probs, self_conditioning_table)

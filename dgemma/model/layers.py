@@ -293,9 +293,10 @@ class Embedder(nn.Module):
       x = x + jnp.take(self.positions, positions_BxT, axis=0, mode="clip")
     return x
 
-  def encode_soft(self, logits_BxTxV: Float[Array, "B T V"]) -> Array:
-    """Soft embedding of logits: softmax(ℓ) @ E · sqrt(D) (self-conditioning input)."""
-    return self.encode_probs(jax.nn.softmax(logits_BxTxV.astype(jnp.float32), axis=-1))
+  def encode_soft(self, logits_BxTxV: Float[Array, "B T V"], table_DxV: Array | None = None) -> Array:
+    """Soft embedding of logits: softmax(ℓ) @ E · sqrt(D) (self-conditioning input). `table_DxV`: as in
+    `encode_probs`."""
+    return self.encode_probs(jax.nn.softmax(logits_BxTxV.astype(jnp.float32), axis=-1), table_DxV)
 
   def encode_probs(self, probs_BxTxV: Float[Array, "B T V"], table_DxV: Array | None = None) -> Array:
     """probs @ E · sqrt(D): `encode_soft` for a caller that has the softmax already (the sampler).

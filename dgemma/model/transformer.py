@@ -123,7 +123,7 @@ class DiffusionGemma(nn.Module):
     """`self_conditioning_probs`: softmax(self_conditioning_logits) instead of the logits, from a caller that
     computed it already (the sampler), which saves a vocabulary-wide softmax per step.
     `self_conditioning_table`: `embedding_table_transposed()`, built once outside a caller's loop, for the product
-    of those probabilities with the embedding (`Embedder.encode_probs`)."""
+    of the self-conditioning probabilities with the embedding (`Embedder.encode_probs`)."""
     if self_conditioning_logits is not None and self_conditioning_probs is not None:
       raise ValueError("give self-conditioning logits or probabilities, not both")
     c = canvas_BxC.shape[1]
@@ -132,7 +132,8 @@ class DiffusionGemma(nn.Module):
     if self_conditioning_logits is None and self_conditioning_probs is None:
       soft = None  # "no signal": exactly HF's self_conditioning_logits=None
     else:
-      soft = (self.embedder.encode_soft(self_conditioning_logits) if self_conditioning_probs is None
+      soft = (self.embedder.encode_soft(self_conditioning_logits, self_conditioning_table)
+              if self_conditioning_probs is None
               else self.embedder.encode_probs(self_conditioning_probs, self_conditioning_table))
       if self_conditioning_mask is not None:
         soft = soft * self_conditioning_mask[:, None, None].astype(soft.dtype)

@@ -89,6 +89,9 @@ def test_transposed_table_gives_the_same_self_conditioning(params, matmul_dtype)
   with_table = model.denoise(params, config, canvas, cache, self_conditioning_probs=probs,
                              self_conditioning_table=table)
   np.testing.assert_allclose(with_table, plain, rtol=1e-4, atol=1e-4)
+  logits = jnp.log(probs)  # the logits path takes the same table
+  np.testing.assert_allclose(model.denoise(params, config, canvas, cache, logits, self_conditioning_table=table),
+                             plain, rtol=1e-4, atol=1e-4)
   with pytest.raises(ValueError, match="transposed embedding table must have shape"):
     model.denoise(params, config, canvas, cache, self_conditioning_probs=probs, self_conditioning_table=table.T)
 
