@@ -103,6 +103,7 @@ def _bare_program(config, steps: int, canvas_len: int, cache_len: int):
 
   from dgemma.model.cache import init_cache
   from dgemma.model.transformer import DiffusionGemma
+  from dgemma.sampling.generate import signal_is_probabilities
   model = DiffusionGemma(config)
 
   @jax.jit
@@ -112,9 +113,9 @@ def _bare_program(config, steps: int, canvas_len: int, cache_len: int):
     _, cache = model.apply(variables, prompt, init_cache(config, b, cache_len), None, False,
                            method=DiffusionGemma.encode)
 
-    # As the sampler does for float32 models: the softmax of the logits, and E.T taken once for its product.
+    # As the sampler does (float32 models): the softmax of the logits, and E.T taken once for its product.
     table = (model.apply(variables, method=DiffusionGemma.embedding_table_transposed)
-             if config.param_dtype == "float32" else None)
+             if signal_is_probabilities(config) else None)
 
     def body(k, sc):
       has_sc = jnp.broadcast_to(k > 0, (b,))

@@ -310,7 +310,7 @@ class Embedder(nn.Module):
       if table_DxV.shape != self.embedding.shape[::-1]:
         raise ValueError(f"the transposed embedding table must have shape {self.embedding.shape[::-1]}, got "
                          f"{table_DxV.shape}")
-      y = unembed_matmul(probs, table_DxV, self.config.matmul_dtype).astype(self.embedding.dtype)
+      y = unembed_matmul(probs, table_DxV, self.config.matmul_dtype)
     else:
       y = token_matmul(probs, self.embedding, operand_dtype=self.config.matmul_dtype)
     return y * self.scale()

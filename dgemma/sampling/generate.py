@@ -189,9 +189,7 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, rng: Array,
   c, n_steps, vocab = s.canvas_length, s.max_denoising_steps, config.vocab_size
   n_canvases = s.num_canvases(c)
   sc_dtype = jnp.dtype(config.param_dtype)  # HF casts the self-conditioning logits to the embedding dtype
-  # In float32 that cast is the identity, so the softmax the step takes of the tempered logits is the signal's
-  # own: pass it as is and the network skips a second vocabulary-wide softmax. (bf16: the logits, cast.)
-  sc_probs = s.self_conditioning and sc_dtype == jnp.float32
+  sc_probs = s.self_conditioning and signal_is_probabilities(config)
   # With bf16 matmuls the network multiplies a bf16 copy of them: carry that copy, so that the step writes it in
   # the pass that normalises them (half the bytes, and no separate cast in the network; the same numbers).
   carried_dtype = jnp.bfloat16 if sc_probs and config.matmul_dtype == "bfloat16" else sc_dtype
@@ -327,6 +325,14 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, rng: Array,
   tpf = jnp.sum(tokens != config.pad_id, axis=1) / passes
   return GenerateOutput(tokens=tokens, steps_per_canvas=final.steps, tokens_per_forward=tpf,
                         trajectory=final.trajectory if s.return_trajectory else None)
+
+
+def signal_is_probabilities(config: ModelConfig) -> bool:
+  """Whether the sampler self-conditions on the softmax it computes anyway (with the transposed embedding table)
+  rather than on the logits. HF casts the self-conditioning logits to the embedding dtype; in float32 that cast is
+  the identity, so that softmax is the signal's own and the network skips a second vocabulary-wide one. (bf16:
+  the logits, cast.)"""
+  return jnp.dtype(config.param_dtype) == jnp.float32
 
 
 def row_keys(rng: jax.Array, batch: int) -> jax.Array:
