@@ -58,6 +58,8 @@ flags.DEFINE_enum("matmul_dtype", None, ["bfloat16"],
                   "'bfloat16': hold the weights and activations in float32 and multiply bf16 operands with float32 "
                   "accumulation (for a bf16 checkpoint, its exact weights). On CPUs with AMX (Intel Sapphire "
                   "Rapids and later) about twice as fast as float32 or bfloat16 through XLA:CPU.", **_D)
+flags.DEFINE_bool("cache_per_canvas", True, "Each canvas attends over the cache written before it (doubling buckets, "
+                  "one compiled step loop per bucket); false: every canvas over the whole cache, one step loop.", **_D)
 flags.DEFINE_integer("max_cache_len", 32768, "Largest KV cache (prompt + generated tokens) to allow.", **_D)
 flags.DEFINE_bool("show_steps", False, "Show the canvas converging step by step in the terminal.", **_D)
 flags.DEFINE_string("show_steps_html", None, "Also write the step-by-step animation to this HTML file.", **_D)
@@ -180,7 +182,8 @@ def _sampler_config(metadata: dict | None = None):
       restart_after=FLAGS.restart_after, max_new_tokens=FLAGS.max_new_tokens,
       canvas_length=FLAGS.canvas_length or None,
       stop_ids=None if FLAGS.stop_ids is None else tuple(_int_list(FLAGS.stop_ids, "--stop_ids")),
-      return_trajectory=bool(FLAGS.show_steps or FLAGS.show_steps_html or FLAGS.show_steps_gif))
+      return_trajectory=bool(FLAGS.show_steps or FLAGS.show_steps_html or FLAGS.show_steps_gif),
+      cache_per_canvas=FLAGS.cache_per_canvas)
 
 
 def _load(path: str):

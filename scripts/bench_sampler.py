@@ -43,6 +43,8 @@ flags.DEFINE_integer("layers", 4, "Layers of the random checkpoint (the last one
 flags.DEFINE_integer("experts", 8, "Experts of the random checkpoint (top-2).", **_D)
 flags.DEFINE_integer("canvas", 64, "Canvas length.", **_D)
 flags.DEFINE_integer("canvases", 1, "Canvases to generate (max_new_tokens = canvases * canvas).", **_D)
+flags.DEFINE_bool("cache_per_canvas", True, "Our sampler: each canvas attends over the cache written before it "
+                  "(SamplerConfig.cache_per_canvas); false: over the whole cache.", **_D)
 flags.DEFINE_integer("steps", 48, "Denoising steps per canvas.", **_D)
 flags.DEFINE_integer("prompt_len", 32, "Prompt length.", **_D)
 flags.DEFINE_integer("batch", 1, "Batch size.", **_D)
@@ -191,7 +193,8 @@ def run() -> dict:
   results = {}
 
   # 1. Our sampler, with the reference defaults apart from the step count.
-  sampler = SamplerConfig(max_denoising_steps=n_steps, max_new_tokens=new_tokens, canvas_length=c, stop_ids=())
+  sampler = SamplerConfig(max_denoising_steps=n_steps, max_new_tokens=new_tokens, canvas_length=c, stop_ids=(),
+                          cache_per_canvas=FLAGS.cache_per_canvas)
   ours, compile_s = compile_generate(params, config, prompt, valid, key, sampler)
   seconds, out = _median_time(lambda: ours(prompt, valid, key), FLAGS.repeats)
   passes = int(np.asarray(out.steps_per_canvas).sum())
@@ -290,7 +293,7 @@ def run() -> dict:
                              ours_dtype=ours_dtype,
                              matmul_dtype=config.matmul_dtype or ours_dtype,
                              moe_impl=config.moe_impl, canvas=c,
-                             canvases=FLAGS.canvases, steps=n_steps, prompt_len=FLAGS.prompt_len, batch=b,
+                             canvases=FLAGS.canvases, cache_per_canvas=FLAGS.cache_per_canvas, steps=n_steps, prompt_len=FLAGS.prompt_len, batch=b,
                              cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads())
   if tmp is not None:
     tmp.cleanup()
@@ -306,7 +309,9 @@ def report(results: dict) -> str:
       f"checkpoint {s['ckpt']}: vocab {s['vocab']}, width {s['width']}, {s['layers']} layers, "
       f"{s['experts']} experts in {s['dtype']} (ours: {s.get('ours_dtype', s['dtype'])}, moe_impl={s['moe_impl']}, "
       f"matmuls {s.get('matmul_dtype', s['dtype'])}); batch {s['batch']}, prompt {s['prompt_len']}, "
-      f"{s['canvases']} canvas(es) of {s['canvas']}, {s['steps']} steps; {s['cpu_count']} CPU cores, "
+      f"{s['canvases']} canvas(es) of {s['canvas']}"
+      + ("" if s["canvases"] == 1 else f" (cache per canvas: {s.get('cache_per_canvas', False)})")
+      + f", {s['steps']} steps; {s['cpu_count']} CPU cores, "
       f"torch threads {s['torch_threads']}",
       "",
       "| decoder | tokens/s | x transformers | denoising steps / canvas | tokens / forward | time (s) | "

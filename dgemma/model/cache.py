@@ -34,6 +34,13 @@ class KVCache:
     """The position of the token each slot holds: slot s holds position s (the cache is filled in order)."""
     return jnp.broadcast_to(jnp.arange(self.capacity)[None, :], self.valid.shape)
 
+  def prefix(self, length: int) -> "KVCache":
+    """Its first `length` slots: attention then reads only those (the others must not be written yet)."""
+    if not 0 < length <= self.capacity:
+      raise ValueError(f"a cache prefix needs 0 < length <= {self.capacity} slots, got {length}")
+    return KVCache(keys=tuple(k[:, :length] for k in self.keys), values=tuple(v[:, :length] for v in self.values),
+                   valid=self.valid[:, :length], end=self.end)
+
   def with_end(self, end: Int[Array, "B"]) -> "KVCache":
     """The same cache seen as holding only its first `end` slots per row (training picks canvas s so)."""
     return self.replace(end=jnp.asarray(end, jnp.int32))

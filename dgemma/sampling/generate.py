@@ -17,7 +17,10 @@ started again); `max_denoising_steps` caps all attempts together. The stop rule 
 this is test-time compute without any checker. Attempt j of a row draws exactly what a plain run (restart_after=0,
 max_denoising_steps=k) draws with that row's key folded with RESTART_SALT + j (attempt 0: the row's own key).
 
-Both loops are `lax.while_loop`s: one compilation per (model config, sampler config, shapes).
+Both loops are `lax.while_loop`s: one compilation per (model config, sampler config, shapes). With several canvases,
+canvas i's steps read only the cache slots written before it, rounded up to doubling buckets (`cache_buckets`):
+the step loop is compiled once per bucket and `lax.switch` picks the canvas's (`cache_per_canvas=False`: one step
+loop over the whole cache).
 """
 
 from __future__ import annotations
@@ -68,6 +71,11 @@ class SamplerConfig:
   # 0 (the references): one attempt. k > 0: a row that has not stopped after k steps of its attempt starts a new
   # one (module docstring); each attempt's temperature schedule spans min(k, steps left in the budget).
   restart_after: int = 0
+  # How much of the KV cache a canvas's denoising steps read (the same tokens either way, up to summation order).
+  # True: the canvases before it, rounded up to doubling buckets (canvas 0: the prompt; 1; 2-3; 4-7; ...), one
+  # compiled step loop per bucket, 1 + log2(canvases) of them. False: the whole cache for every canvas, one step
+  # loop (the least compile time; early canvases then attend over slots not yet written, hidden by the mask).
+  cache_per_canvas: bool = True
 
   def __post_init__(self):
     if self.stop_ids is not None:
@@ -106,6 +114,14 @@ class SamplerConfig:
 RECORDABLE = ("max_denoising_steps", "entropy_bound", "t_max", "t_min", "schedule", "adaptive_stopping",
               "stability_threshold", "confidence_threshold", "restart_after")
 RESTART_SALT = 1_000_003  # attempt j >= 1 of a row draws from fold_in(row key, RESTART_SALT + j)
+
+
+def cache_buckets(prompt_len: int, canvas_len: int, num_canvases: int) -> tuple[int, ...]:
+  """The cache lengths that canvases' denoising steps read with `cache_per_canvas`: bucket k >= 1 holds canvases
+  2^(k-1) .. 2^k - 1 and reads the slots of the prompt and of 2^k - 1 canvases (at most num_canvases - 1, all
+  that are ever committed); bucket 0, canvas 0, reads the prompt's. Canvas i is in bucket i.bit_length()."""
+  top = max(num_canvases - 1, 0).bit_length()
+  return tuple(prompt_len + min(2 ** k - 1, num_canvases - 1) * canvas_len for k in range(top + 1))
 
 
 def sampler_config(metadata: dict | None = None, **overrides) -> SamplerConfig:
@@ -297,7 +313,15 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, rng: Array,
       canvas0 = random_canvas(init_keys)
     else:
       canvas0 = jax.lax.dynamic_index_in_dim(initial_BxNxC, st.index, axis=1, keepdims=False)
-    argmax, steps, trajectory = denoise_canvas(st.cache, canvas0, step_keys, st.finished, attempt_keys)
+    lengths = cache_buckets(prompt_BxP.shape[1], c, n_canvases) if s.cache_per_canvas else (cache_len,)
+    if len(lengths) == 1:
+      argmax, steps, trajectory = denoise_canvas(st.cache, canvas0, step_keys, st.finished, attempt_keys)
+    else:  # the step loop compiled once per bucket; this canvas runs its bucket's, over that prefix of the cache
+      bucket = jnp.sum(st.index >= 2 ** jnp.arange(len(lengths) - 1))  # = index.bit_length()
+      branches = [functools.partial(lambda length, cache, *rest: denoise_canvas(cache.prefix(length), *rest,
+                                                                               attempt_keys), length)
+                  for length in lengths]
+      argmax, steps, trajectory = jax.lax.switch(bucket, branches, st.cache, canvas0, step_keys, st.finished)
     committed, finished = stopping.truncate_at_stop(argmax, st.finished, s.stop_ids, config.pad_id)
     more = (st.index + 1 < n_canvases) & ~jnp.all(finished)
     # Committed canvases are all-valid context, pads included, as HF's decoder mask of ones. The last canvas is

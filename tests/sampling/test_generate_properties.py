@@ -9,7 +9,8 @@ import pytest
 from dgemma import model
 from dgemma.config import GLOBAL, LOCAL, tiny_moe
 from dgemma.sampling import SamplerConfig, generate, sampler_config
-from dgemma.sampling.generate import _generate, _prepare
+from dgemma.model.transformer import DiffusionGemma
+from dgemma.sampling.generate import _generate, _prepare, cache_buckets
 
 STEPS = 10
 # Low temperature on a model with large weights: rows settle and stop after different numbers of steps, so
@@ -203,6 +204,49 @@ def test_cache_has_no_slots_for_the_last_canvas(tiny, max_new_tokens):
   roomy = _generate(params, *args, **dict(static, cache_len=prompt.shape[1] + n * c))
   np.testing.assert_array_equal(tight.tokens, roomy.tokens)
   np.testing.assert_array_equal(tight.steps_per_canvas, roomy.steps_per_canvas)
+
+
+def test_cache_buckets_cover_what_each_canvas_needs_and_at_most_twice_that():
+  """Brute force over canvas counts: canvas i (in bucket i.bit_length()) reads every slot written before it, the
+  prompt's and i canvases', and no more than 2i - 1 canvases' (doubling); the last bucket is the whole cache."""
+  p, c = 5, 7
+  for n in range(1, 40):
+    lengths = cache_buckets(p, c, n)
+    assert len(lengths) == (n - 1).bit_length() + 1
+    assert lengths[-1] == p + (n - 1) * c and list(lengths) == sorted(set(lengths))
+    for i in range(n):
+      length = lengths[i.bit_length()]
+      assert p + i * c <= length <= p + max(2 * i - 1, 0) * c
+
+
+@pytest.mark.parametrize("max_new_tokens", [24, 40])
+def test_each_canvas_reads_the_cache_of_its_bucket(tiny, monkeypatch, max_new_tokens):
+  """With cache_per_canvas (the default) the denoiser is traced once per bucket, over that many slots, and gives
+  the tokens of the single step loop over the whole cache (cache_per_canvas=False)."""
+  config, params = tiny
+  prompt, valid = _batch(4)
+  seen = []
+  original = DiffusionGemma.denoise
+
+  def recording(self, canvas, cache, *args, **kwargs):
+    seen.append(cache.capacity)
+    return original(self, canvas, cache, *args, **kwargs)
+
+  monkeypatch.setattr(DiffusionGemma, "denoise", recording)
+  c, p = config.canvas_length, prompt.shape[1]
+  n = max_new_tokens // c
+  outs = {}
+  for per_canvas in (True, False):
+    seen.clear()
+    sampler = SamplerConfig(max_denoising_steps=3, max_new_tokens=max_new_tokens, t_max=0.03, t_min=0.015,
+                            stop_ids=(), cache_per_canvas=per_canvas)
+    outs[per_canvas] = generate(params, config, prompt, valid, _keys(5, 6, 7, 8), sampler)
+    expected = cache_buckets(p, c, n) if per_canvas else (p + (n - 1) * c,)
+    assert sorted(seen) == list(expected)
+  assert len(cache_buckets(p, c, n)) == (3 if n == 3 else 4)
+  np.testing.assert_array_equal(outs[True].tokens, outs[False].tokens)
+  np.testing.assert_array_equal(outs[True].steps_per_canvas, outs[False].steps_per_canvas)
+  assert np.all(np.asarray(outs[True].steps_per_canvas) > 0)  # every canvas ran
 
 
 def test_without_self_conditioning_the_branch_is_never_read(tiny):
