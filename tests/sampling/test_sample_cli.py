@@ -116,6 +116,20 @@ def _configs_sampled(monkeypatch, capsys, ckpt, flag_sets):
   return seen
 
 
+def test_cache_per_canvas_flag_reaches_the_sampler(ckpts, capsys, monkeypatch):
+  generate_module = importlib.import_module("dgemma.sampling.generate")
+  samplers = []
+  real = generate_module.compile_generate
+  monkeypatch.setattr(generate_module, "compile_generate",
+                      lambda *args, **kwargs: samplers.append(args[5]) or real(*args, **kwargs))
+  for flags in ([], ["--nocache_per_canvas"]):
+    rc, out, err = _run([f"--ckpt={ckpts['bare']}", "--prompt_ids=2,5", "--max_new_tokens=12", "--steps=2",
+                         "--stop_ids=99", *flags], capsys)
+    assert rc == 0, err
+    assert "steps per canvas: [2, 2, 2]" in out  # three canvases ran (three cache buckets by default)
+  assert [s.cache_per_canvas for s in samplers] == [True, False]
+
+
 def test_moe_impl_overrides_the_checkpoint_config(ckpts, capsys, monkeypatch):
   seen = _configs_sampled(monkeypatch, capsys, ckpts["bare"], ([], ["--moe_impl=dense"]))
   assert [config.moe_impl for config, _ in seen] == ["xla", "dense"]  # the checkpoint's choice, then the flag's
