@@ -18,7 +18,8 @@ from dgemma.sampling import SamplerConfig
 from dgemma.training import config_utils, optimizer, state as state_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SAMPLER = SamplerConfig(max_denoising_steps=4, max_new_tokens=81)
+# Two canvases (no stop ids, so both always run): the commit and the per-canvas cache buckets run sharded too.
+SAMPLER = SamplerConfig(max_denoising_steps=4, max_new_tokens=162, stop_ids=())
 BIG_LEAVES = ("embedding", "q_proj", "mlp']['gate", "moe']['gate_up", "moe']['down")
 
 
