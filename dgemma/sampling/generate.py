@@ -317,11 +317,12 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, rng: Array,
     if len(lengths) == 1:
       argmax, steps, trajectory = denoise_canvas(st.cache, canvas0, step_keys, st.finished, attempt_keys)
     else:  # the step loop compiled once per bucket; this canvas runs its bucket's, over that prefix of the cache
+      def over_prefix(length):
+        return lambda cache, *rest: denoise_canvas(cache.prefix(length), *rest, attempt_keys)
+
       bucket = jnp.sum(st.index >= 2 ** jnp.arange(len(lengths) - 1))  # = index.bit_length()
-      branches = [functools.partial(lambda length, cache, *rest: denoise_canvas(cache.prefix(length), *rest,
-                                                                               attempt_keys), length)
-                  for length in lengths]
-      argmax, steps, trajectory = jax.lax.switch(bucket, branches, st.cache, canvas0, step_keys, st.finished)
+      argmax, steps, trajectory = jax.lax.switch(bucket, [over_prefix(length) for length in lengths], st.cache,
+                                                 canvas0, step_keys, st.finished)
     committed, finished = stopping.truncate_at_stop(argmax, st.finished, s.stop_ids, config.pad_id)
     more = (st.index + 1 < n_canvases) & ~jnp.all(finished)
     # Committed canvases are all-valid context, pads included, as HF's decoder mask of ones. The last canvas is
