@@ -293,7 +293,8 @@ def run() -> dict:
                              ours_dtype=ours_dtype,
                              matmul_dtype=config.matmul_dtype or ours_dtype,
                              moe_impl=config.moe_impl, canvas=c,
-                             canvases=FLAGS.canvases, cache_per_canvas=FLAGS.cache_per_canvas, steps=n_steps, prompt_len=FLAGS.prompt_len, batch=b,
+                             canvases=FLAGS.canvases, cache_per_canvas=FLAGS.cache_per_canvas,
+                             steps=n_steps, prompt_len=FLAGS.prompt_len, batch=b,
                              cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads())
   if tmp is not None:
     tmp.cleanup()

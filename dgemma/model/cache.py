@@ -35,7 +35,8 @@ class KVCache:
     return jnp.broadcast_to(jnp.arange(self.capacity)[None, :], self.valid.shape)
 
   def prefix(self, length: int) -> "KVCache":
-    """Its first `length` slots: attention then reads only those (the others must not be written yet)."""
+    """A read-only view of its first `length` slots, for attention to read only those: it needs end <= length
+    (no token written past the view). Writing through it (`encode`) would lose the slots past `length`."""
     if not 0 < length <= self.capacity:
       raise ValueError(f"a cache prefix needs 0 < length <= {self.capacity} slots, got {length}")
     return KVCache(keys=tuple(k[:, :length] for k in self.keys), values=tuple(v[:, :length] for v in self.values),

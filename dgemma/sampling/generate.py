@@ -17,10 +17,10 @@ started again); `max_denoising_steps` caps all attempts together. The stop rule 
 this is test-time compute without any checker. Attempt j of a row draws exactly what a plain run (restart_after=0,
 max_denoising_steps=k) draws with that row's key folded with RESTART_SALT + j (attempt 0: the row's own key).
 
-Both loops are `lax.while_loop`s: one compilation per (model config, sampler config, shapes). With several canvases,
-canvas i's steps read only the cache slots written before it, rounded up to doubling buckets (`cache_buckets`):
-the step loop is compiled once per bucket and `lax.switch` picks the canvas's (`cache_per_canvas=False`: one step
-loop over the whole cache).
+Both loops are `lax.while_loop`s: one jit compilation per (model config, sampler config, shapes). With several
+canvases, canvas i's steps read only the cache slots written before it, rounded up to doubling buckets
+(`cache_buckets`): the program holds one copy of the step loop per bucket and `lax.switch` runs the canvas's
+(`cache_per_canvas=False`: one step loop over the whole cache).
 """
 
 from __future__ import annotations
@@ -72,9 +72,12 @@ class SamplerConfig:
   # one (module docstring); each attempt's temperature schedule spans min(k, steps left in the budget).
   restart_after: int = 0
   # How much of the KV cache a canvas's denoising steps read (the same tokens either way, up to summation order).
-  # True: the canvases before it, rounded up to doubling buckets (canvas 0: the prompt; 1; 2-3; 4-7; ...), one
-  # compiled step loop per bucket, 1 + log2(canvases) of them. False: the whole cache for every canvas, one step
-  # loop (the least compile time; early canvases then attend over slots not yet written, hidden by the mask).
+  # True: the prompt and the canvases before it, rounded up: canvases {0}, {1}, {2, 3}, {4..7}, ... share a bucket,
+  # which reads the prompt and 0, 1, 3, 7, ... canvases; one copy of the step loop per bucket, 1 + ceil(log2 n) of
+  # them for n canvases, and each canvas of a bucket but the last copies that much of the cache once. False: the
+  # whole cache for every canvas, one step loop (the least compile time; early canvases then attend over slots not
+  # yet written, hidden by the mask). The Pallas attention kernel already skips key blocks past the written end, so
+  # with attention_impl="pallas" the buckets save little and cost compile time: turn them off there.
   cache_per_canvas: bool = True
 
   def __post_init__(self):
@@ -317,10 +320,13 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, rng: Array,
     if len(lengths) == 1:
       argmax, steps, trajectory = denoise_canvas(st.cache, canvas0, step_keys, st.finished, attempt_keys)
     else:  # the step loop compiled once per bucket; this canvas runs its bucket's, over that prefix of the cache
+      if lengths[-1] > cache_len:
+        raise ValueError(f"the cache has {cache_len} slots but the last canvas reads {lengths[-1]}")
+
       def over_prefix(length):
         return lambda cache, *rest: denoise_canvas(cache.prefix(length), *rest, attempt_keys)
 
-      bucket = jnp.sum(st.index >= 2 ** jnp.arange(len(lengths) - 1))  # = index.bit_length()
+      bucket = jnp.asarray([i.bit_length() for i in range(n_canvases)], jnp.int32)[st.index]
       argmax, steps, trajectory = jax.lax.switch(bucket, [over_prefix(length) for length in lengths], st.cache,
                                                  canvas0, step_keys, st.finished)
     committed, finished = stopping.truncate_at_stop(argmax, st.finished, s.stop_ids, config.pad_id)
@@ -417,8 +423,9 @@ def _prepare(config: ModelConfig, sampler_config: SamplerConfig, prompt_tokens, 
   check_rng(rng, b)
   args = (jnp.asarray(prompt, jnp.int32), jnp.asarray(valid), rng, initial)
   # Slots for the prompt and every canvas but the last, which is never committed: a denoising step attends over
-  # every slot (the mask hides the unwritten ones), so a slot that is never written is work for nothing (one
-  # canvas after a 32-token prompt, the benchmark's model: 96 keys instead of 160, ~0.2 ms of a ~3.9 ms step).
+  # every slot of the cache it is given (the mask hides the unwritten ones), so a slot that is never written would
+  # be work for nothing in every bucket (one canvas after a 32-token prompt, the benchmark's model: 96 keys
+  # instead of 160, ~0.2 ms of a ~3.9 ms step).
   return args, dict(config=config, sampler=sampler, cache_len=p + (n - 1) * c)
 
 

@@ -191,11 +191,12 @@ def test_bad_inputs(tiny):
 @pytest.mark.parametrize("max_new_tokens", [8, 24])  # one canvas of 8, three
 def test_cache_has_no_slots_for_the_last_canvas(tiny, max_new_tokens):
   """The last canvas is never committed, so the cache holds the prompt and the canvases before it: a denoising
-  step attends over every slot, and a slot never written would be work for nothing. Slots for it would change
-  nothing (the same tokens)."""
+  step attends over every slot of the cache it reads, and a slot never written would be work for nothing. Slots
+  for it would change nothing (the same tokens; compared with the one step loop that reads the whole cache)."""
   config, params = tiny
   prompt, valid = _batch(3)
-  sampler = SamplerConfig(max_denoising_steps=4, max_new_tokens=max_new_tokens, t_max=0.03, t_min=0.015)
+  sampler = SamplerConfig(max_denoising_steps=4, max_new_tokens=max_new_tokens, t_max=0.03, t_min=0.015,
+                          cache_per_canvas=False)
   args, static = _prepare(config, sampler, prompt, valid, jax.random.key(3), None, None)
   c = config.canvas_length
   n = max_new_tokens // c
@@ -221,29 +222,39 @@ def test_cache_buckets_cover_what_each_canvas_needs_and_at_most_twice_that():
 
 @pytest.mark.parametrize("max_new_tokens", [24, 40])
 def test_each_canvas_reads_the_cache_of_its_bucket(tiny, monkeypatch, max_new_tokens):
-  """With cache_per_canvas (the default) the denoiser is traced once per bucket, over that many slots, and gives
-  the tokens of the single step loop over the whole cache (cache_per_canvas=False)."""
+  """With cache_per_canvas (the default) the denoiser is compiled once per bucket, over that many slots; at run time
+  canvas i (i canvases already committed) runs the loop of bucket i.bit_length(); the tokens are those of the single
+  step loop over the whole cache (cache_per_canvas=False)."""
   config, params = tiny
   prompt, valid = _batch(4)
-  seen = []
+  c, p = config.canvas_length, prompt.shape[1]
+  n = max_new_tokens // c
+  traced, ran = [], []
   original = DiffusionGemma.denoise
 
   def recording(self, canvas, cache, *args, **kwargs):
-    seen.append(cache.capacity)
+    traced.append(cache.capacity)
+    jax.debug.callback(lambda end, capacity=cache.capacity: ran.append((capacity, int(end[0]))), cache.end)
     return original(self, canvas, cache, *args, **kwargs)
 
   monkeypatch.setattr(DiffusionGemma, "denoise", recording)
-  c, p = config.canvas_length, prompt.shape[1]
-  n = max_new_tokens // c
+  buckets = cache_buckets(p, c, n)
+  assert len(buckets) == (3 if n == 3 else 4)
   outs = {}
   for per_canvas in (True, False):
-    seen.clear()
+    traced.clear()
+    ran.clear()
+    _generate.clear_cache()  # so that this run traces the denoiser (the recording) afresh
     sampler = SamplerConfig(max_denoising_steps=3, max_new_tokens=max_new_tokens, t_max=0.03, t_min=0.015,
                             stop_ids=(), cache_per_canvas=per_canvas)
     outs[per_canvas] = generate(params, config, prompt, valid, _keys(5, 6, 7, 8), sampler)
-    expected = cache_buckets(p, c, n) if per_canvas else (p + (n - 1) * c,)
-    assert sorted(seen) == list(expected)
-  assert len(cache_buckets(p, c, n)) == (3 if n == 3 else 4)
+    jax.effects_barrier()
+    assert sorted(traced) == (list(buckets) if per_canvas else [p + (n - 1) * c])
+    canvases_run = sorted({(end - p) // c for _, end in ran})
+    assert canvases_run == list(range(n))
+    for capacity, end in ran:
+      i = (end - p) // c
+      assert capacity == (buckets[i.bit_length()] if per_canvas else p + (n - 1) * c), (i, capacity)
   np.testing.assert_array_equal(outs[True].tokens, outs[False].tokens)
   np.testing.assert_array_equal(outs[True].steps_per_canvas, outs[False].steps_per_canvas)
   assert np.all(np.asarray(outs[True].steps_per_canvas) > 0)  # every canvas ran
