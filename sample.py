@@ -58,8 +58,9 @@ flags.DEFINE_enum("matmul_dtype", None, ["bfloat16"],
                   "'bfloat16': hold the weights and activations in float32 and multiply bf16 operands with float32 "
                   "accumulation (for a bf16 checkpoint, its exact weights). On CPUs with AMX (Intel Sapphire "
                   "Rapids and later) about twice as fast as float32 or bfloat16 through XLA:CPU.", **_D)
-flags.DEFINE_bool("cache_per_canvas", True, "Each canvas attends over the cache written before it (doubling buckets, "
-                  "one compiled step loop per bucket); false: every canvas over the whole cache, one step loop.", **_D)
+flags.DEFINE_bool("cache_per_canvas", None, "Each canvas attends over the cache written before it (doubling buckets, "
+                  "one compiled step loop per bucket); false: every canvas over the whole cache, one step loop "
+                  "[true, but false with the Pallas attention kernel].", **_D)
 flags.DEFINE_integer("max_cache_len", 32768, "Largest KV cache (prompt + generated tokens) to allow.", **_D)
 flags.DEFINE_bool("show_steps", False, "Show the canvas converging step by step in the terminal.", **_D)
 flags.DEFINE_string("show_steps_html", None, "Also write the step-by-step animation to this HTML file.", **_D)

@@ -43,8 +43,8 @@ flags.DEFINE_integer("layers", 4, "Layers of the random checkpoint (the last one
 flags.DEFINE_integer("experts", 8, "Experts of the random checkpoint (top-2).", **_D)
 flags.DEFINE_integer("canvas", 64, "Canvas length.", **_D)
 flags.DEFINE_integer("canvases", 1, "Canvases to generate (max_new_tokens = canvases * canvas).", **_D)
-flags.DEFINE_bool("cache_per_canvas", True, "Our sampler: each canvas attends over the cache written before it "
-                  "(SamplerConfig.cache_per_canvas); false: over the whole cache.", **_D)
+flags.DEFINE_bool("cache_per_canvas", None, "Our sampler: each canvas attends over the cache written before it "
+                  "(SamplerConfig.cache_per_canvas); false: over the whole cache [true with XLA attention].", **_D)
 flags.DEFINE_integer("steps", 48, "Denoising steps per canvas.", **_D)
 flags.DEFINE_integer("prompt_len", 32, "Prompt length.", **_D)
 flags.DEFINE_integer("batch", 1, "Batch size.", **_D)
@@ -293,7 +293,7 @@ def run() -> dict:
                              ours_dtype=ours_dtype,
                              matmul_dtype=config.matmul_dtype or ours_dtype,
                              moe_impl=config.moe_impl, canvas=c,
-                             canvases=FLAGS.canvases, cache_per_canvas=FLAGS.cache_per_canvas,
+                             canvases=FLAGS.canvases, cache_per_canvas=sampler.resolve(config).cache_per_canvas,
                              steps=n_steps, prompt_len=FLAGS.prompt_len, batch=b,
                              cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads())
   if tmp is not None:

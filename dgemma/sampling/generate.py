@@ -76,9 +76,10 @@ class SamplerConfig:
   # which reads the prompt and 0, 1, 3, 7, ... canvases; one copy of the step loop per bucket, 1 + ceil(log2 n) of
   # them for n canvases, and each canvas of a bucket but the last copies that much of the cache once. False: the
   # whole cache for every canvas, one step loop (the least compile time; early canvases then attend over slots not
-  # yet written, hidden by the mask). The Pallas attention kernel already skips key blocks past the written end, so
-  # with attention_impl="pallas" the buckets save little and cost compile time: turn them off there.
-  cache_per_canvas: bool = True
+  # yet written, hidden by the mask). None (the default): True unless the model's attention is the Pallas kernel
+  # (attention_impl="pallas"), which already skips key blocks past the written end, so that the buckets would save
+  # little there and cost compile time.
+  cache_per_canvas: bool | None = None
 
   def __post_init__(self):
     if self.stop_ids is not None:
@@ -103,11 +104,14 @@ class SamplerConfig:
     schedules.check(self.schedule, self.t_max, self.t_min)
 
   def resolve(self, config: ModelConfig) -> "SamplerConfig":
-    """This config with the model's canvas length and stop ids filled in where unset."""
+    """This config with the model's canvas length and stop ids, and the cache layout for its attention, filled in
+    where unset."""
     return dataclasses.replace(
         self,
         canvas_length=self.canvas_length or config.canvas_length,
-        stop_ids=config.stop_ids if self.stop_ids is None else self.stop_ids)
+        stop_ids=config.stop_ids if self.stop_ids is None else self.stop_ids,
+        cache_per_canvas=(config.attention_impl != "pallas" if self.cache_per_canvas is None
+                          else self.cache_per_canvas))
 
   def num_canvases(self, canvas_length: int) -> int:
     return math.ceil(self.max_new_tokens / canvas_length)

@@ -220,6 +220,15 @@ def test_cache_buckets_cover_what_each_canvas_needs_and_at_most_twice_that():
       assert p + i * c <= length <= p + max(2 * i - 1, 0) * c
 
 
+def test_cache_per_canvas_defaults_to_on_except_with_the_pallas_attention_kernel():
+  """The Pallas kernel skips key blocks past the written end itself, so the buckets would only cost compile time."""
+  config = tiny_moe()
+  assert SamplerConfig().resolve(config).cache_per_canvas is True
+  assert SamplerConfig().resolve(config.replace(attention_impl="pallas")).cache_per_canvas is False
+  assert SamplerConfig(cache_per_canvas=True).resolve(config.replace(attention_impl="pallas")).cache_per_canvas
+  assert not SamplerConfig(cache_per_canvas=False).resolve(config).cache_per_canvas
+
+
 @pytest.mark.parametrize("max_new_tokens", [24, 40])
 def test_each_canvas_reads_the_cache_of_its_bucket(tiny, monkeypatch, max_new_tokens):
   """With cache_per_canvas (the default) the denoiser is compiled once per bucket, over that many slots; at run time

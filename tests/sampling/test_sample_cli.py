@@ -120,8 +120,8 @@ def test_cache_per_canvas_flag_reaches_the_sampler(ckpts, capsys, monkeypatch):
   generate_module = importlib.import_module("dgemma.sampling.generate")
   samplers = []
   real = generate_module.compile_generate
-  monkeypatch.setattr(generate_module, "compile_generate",
-                      lambda *args, **kwargs: samplers.append(args[5]) or real(*args, **kwargs))
+  monkeypatch.setattr(generate_module, "compile_generate",  # (params, config, tokens, valid, key, sampler)
+                      lambda *args, **kwargs: samplers.append(args[5].resolve(args[1])) or real(*args, **kwargs))
   for flags in ([], ["--nocache_per_canvas"]):
     rc, out, err = _run([f"--ckpt={ckpts['bare']}", "--prompt_ids=2,5", "--max_new_tokens=12", "--steps=2",
                          "--stop_ids=99", *flags], capsys)
