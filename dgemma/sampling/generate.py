@@ -320,19 +320,18 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, rng: Array,
       canvas0 = random_canvas(init_keys)
     else:
       canvas0 = jax.lax.dynamic_index_in_dim(initial_BxNxC, st.index, axis=1, keepdims=False)
+    # The step loop compiled once per bucket; this canvas runs its bucket's, over that prefix of the cache. (One
+    # bucket, as with one canvas: lax.switch just calls it.)
     lengths = cache_buckets(prompt_BxP.shape[1], c, n_canvases) if s.cache_per_canvas else (cache_len,)
-    if len(lengths) == 1:
-      argmax, steps, trajectory = denoise_canvas(st.cache, canvas0, step_keys, st.finished, attempt_keys)
-    else:  # the step loop compiled once per bucket; this canvas runs its bucket's, over that prefix of the cache
-      if lengths[-1] > cache_len:
-        raise ValueError(f"the cache has {cache_len} slots but the last canvas reads {lengths[-1]}")
+    if lengths[-1] > cache_len:
+      raise ValueError(f"the cache has {cache_len} slots but the last canvas reads {lengths[-1]}")
 
-      def over_prefix(length):
-        return lambda cache, *rest: denoise_canvas(cache.prefix(length), *rest, attempt_keys)
+    def over_prefix(length):
+      return lambda cache, *rest: denoise_canvas(cache.prefix(length), *rest, attempt_keys)
 
-      bucket = jnp.asarray([i.bit_length() for i in range(n_canvases)], jnp.int32)[st.index]
-      argmax, steps, trajectory = jax.lax.switch(bucket, [over_prefix(length) for length in lengths], st.cache,
-                                                 canvas0, step_keys, st.finished)
+    bucket = jnp.asarray([i.bit_length() for i in range(n_canvases)], jnp.int32)[st.index]
+    argmax, steps, trajectory = jax.lax.switch(bucket, [over_prefix(length) for length in lengths], st.cache,
+                                               canvas0, step_keys, st.finished)
     committed, finished = stopping.truncate_at_stop(argmax, st.finished, s.stop_ids, config.pad_id)
     more = (st.index + 1 < n_canvases) & ~jnp.all(finished)
     # Committed canvases are all-valid context, pads included, as HF's decoder mask of ones. The last canvas is
