@@ -4,7 +4,8 @@
   2. transformers' DiffusionGemma `generate` on the same HF checkpoint,
   3. autoregressive decoding with our same backbone (encoder + KV cache, one token per pass),
   4. bare denoiser forward passes (prefill + N denoise calls with self-conditioning, no sampling), to measure
-     the sampler's own per-step overhead: over whole calls, and per added step (both also run with N / 6 steps);
+     the sampler's own per-step overhead: over whole calls, and per added step (both also run with N / 6 steps),
+     with the thread wake-ups (context switches) each added step costs;
   5. a bound: the FLOPs of one denoising step (XLA's count; and with only the chosen experts, as HF runs them)
      against this CPU's float32 matmul rate (a large jitted matmul), so the table says how fast a step could be.
 
@@ -93,6 +94,24 @@ def _median_time(fn, repeats: int):
     out = jax.block_until_ready(fn())
     times.append(time.perf_counter() - start)
   return statistics.median(times), out
+
+
+def _context_switches() -> int | None:
+  """Context switches so far, summed over this process's threads (Linux /proc), or None where unavailable. Each
+  one a timed program adds is a thread that had gone to sleep and was woken: on XLA:CPU, mostly a parallel
+  operation handing work to an idle worker (scripts/handoff_latency.c measures what a wake-up costs)."""
+  try:
+    threads = os.listdir("/proc/self/task")
+  except OSError:
+    return None
+  total = 0
+  for tid in threads:
+    try:
+      with open(f"/proc/self/task/{tid}/status") as f:
+        total += sum(int(line.split()[1]) for line in f if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt")))
+    except FileNotFoundError:  # the thread ended meanwhile
+      continue
+  return total
 
 
 @functools.lru_cache(maxsize=None)
@@ -263,9 +282,14 @@ def run() -> dict:
   # Back-to-back rounds of all four, so that a load change on a shared machine hits them alike; the median
   # sampler / bare ratio of the rounds.
   times = {name: [] for name in programs}
+  switches = {name: [] for name in programs}
   for _ in range(2 * FLAGS.repeats):
     for name, fn in programs.items():
+      before = _context_switches()
       times[name].append(_median_time(fn, 1)[0])
+      after = _context_switches()
+      if before is not None and after is not None:
+        switches[name].append(after - before)
   t = {name: statistics.median(v) for name, v in times.items()}
   ratio = statistics.median(a / b for a, b in zip(times["sampler"], times["bare"]))
   per_step = {side: (t[side] - t[side + "_few"]) / max(n_steps - few, 1) for side in ("sampler", "bare")}
@@ -276,6 +300,10 @@ def run() -> dict:
                              added_step_overhead=per_step["sampler"] / per_step["bare"] - 1.0,
                              sampler_fixed_ms=1e3 * (t["sampler_few"] - few * per_step["sampler"]),
                              bare_fixed_ms=1e3 * (t["bare_few"] - few * per_step["bare"]))
+  if all(switches.values()):
+    sw = {name: statistics.median(v) for name, v in switches.items()}
+    for side in ("sampler", "bare"):
+      results["overhead"][side + "_switches_per_step"] = (sw[side] - sw[side + "_few"]) / max(n_steps - few, 1)
   # 5. The bound: how many FLOPs a step is and how fast this CPU multiplies matrices.
   gflop = _step_gflop(params, config, prompt, c)
   # Every layer has the MoE branch; the dense path runs each expert's gate, up and down projection on every token.
@@ -339,6 +367,9 @@ def report(results: dict) -> str:
     lines += [f"per added step ({o['few_steps']} against {s['steps']} steps): {o['sampler_added_step_ms']:.3f} vs "
               f"{o['bare_added_step_ms']:.3f} ms, {100 * o['added_step_overhead']:+.1f}%; paid once per call: "
               f"{o['sampler_fixed_ms']:.1f} vs {o['bare_fixed_ms']:.1f} ms"]
+  if "sampler_switches_per_step" in o:
+    lines += [f"thread wake-ups (context switches) per added step: {o['sampler_switches_per_step']:.1f} sampler, "
+              f"{o['bare_switches_per_step']:.1f} bare"]
   if "bound" in results:
     d = results["bound"]
     lines += [f"bound: a denoising step is {d['step_gflop']:.2f} GFLOP as we run it ({d['step_gflop_chosen_experts']:.2f} "
