@@ -47,7 +47,8 @@ flags.DEFINE_integer("restart_after", None, "Restart a row not stopped after thi
 flags.DEFINE_integer("samples", 1, "Sudoku: draw each puzzle this many times (in one batch) and answer with the "
                      "first draw that keeps the clues and obeys the rules.", **_D)
 flags.DEFINE_integer("canvas_length", 0, "Canvas length (0: the model's).", **_D)
-flags.DEFINE_string("stop_ids", None, "Comma-separated stop token ids (default: the model's).", **_D)
+flags.DEFINE_string("stop_ids", None, "Comma-separated stop token ids, or 'none' to never stop early (default: the "
+                    "model's).", **_D)
 flags.DEFINE_enum("self_conditioning", "auto", ["auto", "on", "off"],
                   "Feed each step the previous logits (auto: unless the checkpoint was trained without).", **_D)
 flags.DEFINE_integer("seed", 0, "Random seed.", **_D)
@@ -164,7 +165,10 @@ def _prompts() -> list[str]:
   if FLAGS.prompt is not None:
     return [FLAGS.prompt]
   if FLAGS.prompt_ids is not None:
-    return [p for p in FLAGS.prompt_ids.split(";") if p.strip()]
+    prompts = [p for p in FLAGS.prompt_ids.split(";") if p.strip()]
+    if not prompts:
+      raise ValueError("--prompt_ids has no prompts")
+    return prompts
   if not os.path.isfile(FLAGS.prompts_file):
     raise ValueError(f"prompts file {FLAGS.prompts_file} does not exist")
   with open(FLAGS.prompts_file, encoding="utf-8") as f:
@@ -182,7 +186,8 @@ def _sampler_config(metadata: dict | None = None):
       stability_threshold=FLAGS.stability_threshold, confidence_threshold=FLAGS.confidence_threshold,
       restart_after=FLAGS.restart_after, max_new_tokens=FLAGS.max_new_tokens,
       canvas_length=FLAGS.canvas_length or None,
-      stop_ids=None if FLAGS.stop_ids is None else tuple(_int_list(FLAGS.stop_ids, "--stop_ids")),
+      stop_ids=(None if FLAGS.stop_ids is None else () if FLAGS.stop_ids.strip().lower() == "none"
+                else tuple(_int_list(FLAGS.stop_ids, "--stop_ids"))),
       return_trajectory=bool(FLAGS.show_steps or FLAGS.show_steps_html or FLAGS.show_steps_gif),
       cache_per_canvas=FLAGS.cache_per_canvas)
 
@@ -249,6 +254,10 @@ def run() -> int:
   if sudoku_sampling.task_name(metadata):
     if FLAGS.prompt_ids is not None:
       raise ValueError("Sudoku checkpoints take puzzles via --prompt or --prompts_file")
+    fixed = [f"--{n}" for n in ("canvas_length", "max_new_tokens", "stop_ids") if FLAGS[n].present]
+    if fixed:
+      raise ValueError(f"{', '.join(fixed)} cannot be set for a Sudoku checkpoint: it answers in one canvas of "
+                       "the task's length and stops on the task's stop token")
     task = sudoku_sampling.load_task(config, metadata, FLAGS.ckpt)
     puzzles = np.stack([sudoku_sampling.parse_puzzle(p) for p in prompts])
     config, sampler = task.config, task.sampler(sampler)
@@ -271,7 +280,7 @@ def run() -> int:
   if not 0 <= FLAGS.show_row < len(prompts):
     raise ValueError(f"--show_row={FLAGS.show_row} but there are {len(prompts)} prompts")
 
-  key = jax.random.key(FLAGS.seed)
+  key = jax.random.key(cli.check_seed(FLAGS.seed))
   # The weights live on a mesh over all devices of all processes, sharded by the default rules.
   mesh = sharding.make_mesh()
   params = sharding.put(params, sharding.tree_shardings(params, mesh))
@@ -352,4 +361,4 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
   huge_pages.restart_with_huge_pages()  # faster XLA:CPU buffers (dgemma/huge_pages.py)
-  sys.exit(main(sys.argv))
+  cli.exit(main(sys.argv))

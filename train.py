@@ -13,6 +13,7 @@ at the end, the inference checkpoint (model/) that sample.py and scripts/eval_su
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -23,7 +24,8 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from dgemma import checkpoints, huge_pages, model, sampling, sharding
+from dgemma import checkpoints, cli, huge_pages, model, sampling, sharding
+from dgemma.checkpoints.native import config_to_dict
 from dgemma.data import sudoku, sudoku_formats, sudoku_task, sudoku_text
 from dgemma.data.tokenizer import load_tokenizer
 from dgemma.training import checkpointing, evaluation, metrics as metrics_lib, optimizer, state as state_lib
@@ -127,6 +129,9 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   runs initialise `jax.distributed` first: `sharding.maybe_initialize_distributed`)."""
   lead = jax.process_index() == 0
   say = print if lead else (lambda *a, **k: None)
+  for key in ("checkpoint_every", "log_every", "keep_checkpoints"):  # (0 would divide by zero or keep nothing)
+    if isinstance(c[key], bool) or not isinstance(c[key], int) or c[key] < 1:
+      raise ValueError(f"config.{key} must be a positive integer, got {c[key]!r}")
   # --- Mesh and model -----------------------------------------------------------------------------
   mesh, rules = mesh_and_rules(c)
   shard = sharding.data_shard(mesh, rules, c.batch_size)  # also checks that the mesh divides the batch
@@ -151,13 +156,21 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   if ema_decays:  # which moving averages the checkpoints hold (checkpointing.load_inference reads it)
     task_metadata["ema_decays"] = list(ema_decays)
   saved = checkpointing.read_run_info(workdir)  # a run to resume: its checkpoints hold its averages
-  if saved is not None and os.listdir(os.path.join(workdir, "checkpoints")) and \
-      list(saved["metadata"].get("ema_decays", [])) != list(ema_decays):
-    raise ValueError(f"{workdir} was trained with optimizer.ema_decays={tuple(saved['metadata'].get('ema_decays', []))}"
-                     f", this config has {ema_decays}: resume with the same value or use a new workdir")
+  if saved is not None and os.listdir(os.path.join(workdir, "checkpoints")):
+    if list(saved["metadata"].get("ema_decays", [])) != list(ema_decays):
+      raise ValueError(f"{workdir} was trained with optimizer.ema_decays="
+                       f"{tuple(saved['metadata'].get('ema_decays', []))}, this config has {ema_decays}: resume "
+                       "with the same value or use a new workdir")
+    # run.json must keep describing the checkpoints: a changed model is refused before anything is written.
+    # (How the model is computed may change on resume: _RUNTIME_FIELDS and the matmuls' dtype.)
+    before, now = saved["model"], json.loads(json.dumps(config_to_dict(config)))
+    changed = sorted(k for k in set(before) | set(now)
+                     if before.get(k) != now.get(k) and k not in _RUNTIME_FIELDS | {"matmul_dtype"})
+    if changed:
+      raise ValueError(f"{workdir} holds checkpoints of another model (config.model differs in "
+                       f"{', '.join(f'{k}: {before.get(k)!r} -> {now.get(k)!r}' for k in changed[:3])}"
+                       f"{', ...' if len(changed) > 3 else ''}): resume with its config or use a new workdir")
   data_iter = iter(dataset)
-  if lead:
-    checkpointing.write_run_info(workdir, config, task_metadata)
   # --- Optimizer and state ------------------------------------------------------------------------
   optimizer_config = c.optimizer
   if c.lora_rank and c.optimizer.get("lr_multipliers"):
@@ -187,6 +200,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
     state, data_state = ckpt.restore(start, sharding.abstract(state, state_shardings))
     data_iter.set_state(data_state)
     say(f"Resumed from step {start} ({ckpt.directory})", flush=True)
+  if lead:  # (after the restore: a run that cannot resume leaves the workdir as it was)
+    checkpointing.write_run_info(workdir, config, task_metadata)
   last_saved = start
   # --- Loop ---------------------------------------------------------------------------------------
   tokens_per_example = c.data.prompt_len + config.canvas_length
@@ -195,12 +210,21 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   last_scalars: dict = {}
   pending = None  # (step, device metrics) read one step late, so the host never stalls the device
 
+  # A checkpoint is known good once the loss computed from its weights (the next step's) is finite.
+  good, unconfirmed = start, None
+
   def consume(step: int, device_metrics: dict) -> None:
-    nonlocal last_scalars
+    nonlocal last_scalars, good, unconfirmed
     host = jax.device_get(device_metrics)
     if not np.isfinite(host["loss"]):
+      if unconfirmed == step - 1:  # the weights just saved gave this loss: resuming from them would repeat it
+        raise TrainingError(f"loss is {host['loss']} at step {step}, computed from the weights checkpointed at step "
+                            f"{unconfirmed}; stopping. The last good checkpoint is step {good}: move "
+                            f"{os.path.join(ckpt.directory, str(unconfirmed))} away to resume from it")
       raise TrainingError(f"loss is {host['loss']} at step {step}; stopping. The last good checkpoint is step "
                           f"{last_saved} in {ckpt.directory}")
+    if unconfirmed == step - 1:
+      good, unconfirmed = unconfirmed, None
     logger.add(step, host)
     if step % c.log_every == 0 or step == c.num_train_steps:
       last_scalars = logger.flush(step, {"learning_rate": float(lr_schedule(step - 1))})
@@ -232,8 +256,11 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
       if (step + 1) % c.checkpoint_every == 0 or step + 1 == c.num_train_steps:
         consume(*pending)  # never checkpoint a state whose loss was not finite
         pending = None
+        if not bool(state_lib.all_finite(state)):  # nor one that the last update overflowed
+          raise TrainingError(f"the weights or optimizer state after step {step + 1} are not finite (the loss "
+                              f"was); stopping. The last good checkpoint is step {good} in {ckpt.directory}")
         ckpt.save(step + 1, state, data_iter.get_state())
-        last_saved = step + 1
+        last_saved = unconfirmed = step + 1
       if evaluator and ((step + 1) % c.eval.every == 0 or step + 1 == c.num_train_steps):
         run_eval(step + 1)
     if pending is not None:
@@ -273,7 +300,8 @@ def main(argv):
   except (TrainingError, ValueError, FileNotFoundError) as e:
     if os.environ.get("DGEMMA_TRACEBACK"):
       raise
-    sys.exit(f"train.py: error: {e}")
+    print(f"train.py: error: {e}", file=sys.stderr)
+    cli.exit(1)
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -3,6 +3,7 @@ input ends in one `error:` line and a non-zero exit code instead of a traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Callable
 
@@ -28,3 +29,21 @@ def run_main(argv: list[str], doc: str, run: Callable[[], int | None], flag_valu
   except errors as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
+
+
+def check_seed(seed: int, flag: str = "--seed") -> int:
+  """The seed, or a one-line error: JAX keys take 32 bits of an integer seed, so 2**32 would silently repeat 0."""
+  if not 0 <= seed < 2 ** 32:
+    raise ValueError(f"{flag} must be in [0, 2**32), got {seed}")
+  return seed
+
+
+def exit(code: int) -> None:  # noqa: A001 (the scripts' `sys.exit`)
+  """Ends a script's process with `code`. After an error it skips the interpreter's clean-up: a checkpoint that
+  failed to restore leaves orbax's remaining reads failing on background threads, which would otherwise print
+  a screen of tracebacks under the one-line error."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  if code:
+    os._exit(code)
+  sys.exit(code)

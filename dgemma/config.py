@@ -204,6 +204,9 @@ class ModelConfig:
       raise ValueError("HF DiffusionGemma has no V projection on global layers; global_k_eq_v must be True")
     if self.num_experts == 0:
       raise ValueError("HF DiffusionGemma always has the MoE branch; num_experts must be > 0 to export")
+    if self.layer_types[-1] != GLOBAL:
+      raise ValueError("HF DiffusionGemma's last layer is always global (full attention); layer_types ends with "
+                       f"{self.layer_types[-1]!r}, so this model cannot be exported")
     if self.local_rope_fraction != 1.0:
       raise ValueError("HF default RoPE on local layers needs local_rope_fraction=1.0")
     if self.query_scale != 1.0 or not self.value_norm:

@@ -67,13 +67,16 @@ def load_data(path: str, limit: int = 0) -> dict:
     raise ValueError(f"{path}: data file not found")
   if path.endswith(".npz"):
     try:
-      with np.load(path) as f:
-        data = {k: f[k] for k in f.files}
+      with np.load(path) as f:  # only the arrays used here; others (any shape) are left alone
+        data = {k: f[k] for k in ("puzzle", "solution", "needs_search") if k in f.files}
     except Exception as e:
       raise ValueError(f"{path}: not a readable npz file ({e})") from None
     for key in ("puzzle", "solution"):
       if key not in data or np.asarray(data[key]).ndim != 2 or np.asarray(data[key]).shape[1] != 81:
         raise ValueError(f"{path}: expected a [n, 81] array {key!r}")
+    for key, array in data.items():
+      if array.ndim == 0 or len(array) != len(data["puzzle"]):
+        raise ValueError(f"{path}: {key!r} has shape {array.shape} but 'puzzle' has {len(data['puzzle'])} rows")
     if limit:
       data = {k: v[:limit] for k, v in data.items()}
     if "needs_search" not in data:
@@ -217,6 +220,7 @@ def run() -> int:
     raise ValueError("--batch_size and --samples must be >= 1 and --limit >= 0")
   if not FLAGS.ar_temperature >= 0:
     raise ValueError(f"--ar_temperature must be >= 0, got {FLAGS.ar_temperature}")
+  cli.check_seed(FLAGS.seed)
   data = load_data(FLAGS.data, FLAGS.limit)
   from dgemma.checkpoints import load_model
   if not os.path.exists(FLAGS.ckpt):
@@ -271,4 +275,4 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
   huge_pages.restart_with_huge_pages()  # faster XLA:CPU buffers (dgemma/huge_pages.py)
-  sys.exit(main(sys.argv))
+  cli.exit(main(sys.argv))

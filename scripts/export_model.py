@@ -46,4 +46,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main(sys.argv))
+  cli.exit(main(sys.argv))

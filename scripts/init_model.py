@@ -24,6 +24,8 @@ _OUT = flags.DEFINE_string("out", None, "Output directory (our inference checkpo
 def main(argv):
   del argv
   c = _CONFIG.value
+  if c is None:
+    raise app.UsageError("--config is required, e.g. --config=configs/sft_sudoku.py")
   config = model_config(c.model_preset, c.model.to_dict())
   params = model.init_params(config, jax.random.key(c.seed))
   task = {"task": {"name": c.data.task, "prompt_len": c.data.prompt_len}}

@@ -119,14 +119,50 @@ def _get(tree: dict, path: tuple[str, ...]):
   return tree
 
 
+GENERATION_CONFIG = "generation_config.json"
+# HF generate's knobs in generation_config.json that are SamplerConfig knobs of the same name and meaning (the
+# entropy bound sits in its "sampler_config"). HF's generation config refuses any other key.
+_GENERATION_KNOBS = ("max_denoising_steps", "t_max", "t_min", "stability_threshold", "confidence_threshold")
+
+
+def generation_defaults(path: str) -> tuple[tuple[int, ...] | None, dict]:
+  """What an HF directory's generation_config.json tells HF `generate`: (its stop ids, from eos_token_id; None if
+  unset) and {SamplerConfig knob: value} for the knobs it sets. No file, or null values: nothing."""
+  file = os.path.join(path, GENERATION_CONFIG)
+  if not os.path.isfile(file):
+    return None, {}
+  try:
+    with open(file) as f:
+      gen = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"{file}: not readable JSON ({e})") from None
+  if not isinstance(gen, dict):
+    raise ValueError(f"{file}: expected a JSON object")
+  knobs = {k: gen[k] for k in _GENERATION_KNOBS if gen.get(k) is not None}
+  sampler = gen.get("sampler_config")
+  if isinstance(sampler, dict) and sampler.get("entropy_bound") is not None:
+    knobs["entropy_bound"] = sampler["entropy_bound"]
+  eos = gen.get("eos_token_id")
+  if eos is None:
+    return None, knobs
+  ids = eos if isinstance(eos, list) else [eos]
+  if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+    raise ValueError(f"{file}: eos_token_id must be a token id or a list of them, got {eos!r}")
+  return tuple(ids), knobs
+
+
 def load_hf(path: str, **config_overrides) -> tuple[ModelConfig, dict]:
   """Imports an HF DiffusionGemma directory. Returns (config, params) with params on the default device.
 
   Tensors are converted one at a time from memory-mapped files. `config_overrides` change config fields,
-  e.g. `param_dtype="float32"` to upcast a bf16 checkpoint.
+  e.g. `param_dtype="float32"` to upcast a bf16 checkpoint. The stop ids are generation_config.json's
+  eos_token_id where it sets one (HF generate stops on those), else the model config's default.
   """
   if not os.path.isdir(path):
     raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+  stop_ids, _ = generation_defaults(path)
+  if stop_ids is not None and "stop_ids" not in config_overrides:
+    config_overrides = dict(config_overrides, stop_ids=stop_ids)
   config = ModelConfig.from_hf(path, **config_overrides)
   shapes = param_shapes(config)
   dtype = jnp.dtype(config.param_dtype)
@@ -147,9 +183,19 @@ def load_hf(path: str, **config_overrides) -> tuple[ModelConfig, dict]:
   return config, params
 
 
-def save_hf(path: str, config: ModelConfig, params: dict, max_shard_bytes: int = 4 << 30) -> None:
-  """Exports (config, params) as an HF DiffusionGemma directory that transformers loads."""
+def save_hf(path: str, config: ModelConfig, params: dict, max_shard_bytes: int = 4 << 30,
+            sampler: dict | None = None) -> None:
+  """Exports (config, params) as an HF DiffusionGemma directory that transformers loads.
+
+  generation_config.json gets the stop ids (as eos_token_id) and, from `sampler` ({SamplerConfig knob: value},
+  e.g. a checkpoint's recorded defaults), the knobs HF's generate has; the others (schedule, restarts, adaptive
+  stopping) have no HF counterpart and are left out.
+  """
+  hf_config = config.to_hf()  # (first: a model HF cannot hold fails before anything is written)
   os.makedirs(path, exist_ok=True)
+  for name in os.listdir(path):  # an earlier export's weight files would be read with these (open_directory)
+    if name.endswith(".safetensors") or name == safetensors_io.INDEX_FILE:
+      os.remove(os.path.join(path, name))
   shards: list[dict[str, np.ndarray]] = [{}]
   size = 0
   for t in tensor_map(config):
@@ -167,8 +213,16 @@ def save_hf(path: str, config: ModelConfig, params: dict, max_shard_bytes: int =
     safetensors_io.save(os.path.join(path, fname), shard)
     weight_map.update({name: fname for name in shard})
   if len(shards) > 1:
-    _write_json(os.path.join(path, "model.safetensors.index.json"), {"metadata": {}, "weight_map": weight_map})
-  _write_json(os.path.join(path, "config.json"), config.to_hf())
+    _write_json(os.path.join(path, safetensors_io.INDEX_FILE), {"metadata": {}, "weight_map": weight_map})
+  _write_json(os.path.join(path, "config.json"), hf_config)
+  # (Typed as HF's validation wants them: it refuses an integer confidence threshold.)
+  types = dict(max_denoising_steps=int, t_max=float, t_min=float, stability_threshold=int, confidence_threshold=float)
+  generation = {k: types[k](v) for k, v in (sampler or {}).items() if k in _GENERATION_KNOBS}
+  if (sampler or {}).get("entropy_bound") is not None:
+    # (HF stores its sampler config as a dataclass named by "_cls_name".)
+    generation["sampler_config"] = {"_cls_name": "EntropyBoundSamplerConfig",
+                                    "entropy_bound": float(sampler["entropy_bound"])}
+  _write_json(os.path.join(path, GENERATION_CONFIG), {**generation, "eos_token_id": list(config.stop_ids)})
 
 
 def _write_json(path: str, obj) -> None:

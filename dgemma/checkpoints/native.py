@@ -94,9 +94,10 @@ def load_model(path: str) -> tuple[ModelConfig, dict, dict]:
   if os.path.exists(os.path.join(path, CONFIG_FILE)):
     return load_native(path)
   if os.path.exists(os.path.join(path, "config.json")):
-    from dgemma.checkpoints.hf import load_hf
+    from dgemma.checkpoints.hf import generation_defaults, load_hf
     config, params = load_hf(path)
-    return config, params, {}
+    _, knobs = generation_defaults(path)  # sampling defaults, as HF generate takes them from the directory
+    return config, params, {"sampler": knobs} if knobs else {}
   if os.path.isdir(os.path.join(path, "checkpoints")):
     from dgemma.training import checkpointing  # a training workdir: its latest step
     return checkpointing.load_inference(path)

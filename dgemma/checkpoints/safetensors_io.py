@@ -8,6 +8,7 @@ checkpoint is imported tensor by tensor without a second full copy.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from typing import Iterator
@@ -50,6 +51,10 @@ class SafetensorsFile:
       raise ValueError(f"{self.path}: tensor {name} has unsupported dtype {info['dtype']}")
     start, end = info["data_offsets"]
     raw = self._mmap[self._data_start + start:self._data_start + end]
+    expected = math.prod(info["shape"]) * np.dtype(_DTYPES[info["dtype"]]).itemsize
+    if raw.nbytes != expected or end - start != expected:  # a truncated file, or a header that lies
+      raise ValueError(f"{self.path}: tensor {name} has {raw.nbytes} bytes of data, {expected} expected for shape "
+                       f"{tuple(info['shape'])} (a truncated or damaged file)")
     return raw.view(_DTYPES[info["dtype"]]).reshape(info["shape"])
 
 
@@ -77,8 +82,24 @@ def save(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str] | N
   os.replace(tmp, path)
 
 
+INDEX_FILE = "model.safetensors.index.json"
+
+
 def open_directory(path: str) -> Iterator[SafetensorsFile]:
-  files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
+  """The weight files of a checkpoint directory: those its index names (HF's sharded layout), else every
+  .safetensors file in it."""
+  index = os.path.join(path, INDEX_FILE)
+  if os.path.exists(index):
+    try:
+      with open(index) as f:
+        files = sorted(set(json.load(f)["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+      raise ValueError(f"{index}: not a safetensors index ({type(e).__name__}: {e})") from None
+    missing = [n for n in files if not os.path.exists(os.path.join(path, n))]
+    if missing:
+      raise FileNotFoundError(f"{index} names {missing[0]}, which is not in {path}")
+  else:
+    files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
   if not files:
     raise FileNotFoundError(f"no .safetensors files in {path}")
   for name in files:

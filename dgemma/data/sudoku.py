@@ -424,8 +424,12 @@ def generate_dataset(
         raise ValueError(f"n must be >= 0, got {n}")
     path = _cache_path(cache_dir, n, seed, min_clues, max_clues) if cache_dir else None
     if path and os.path.exists(path):
-        with np.load(path) as f:
-            return {k: f[k] for k in ("puzzle", "solution", "num_clues", "needs_search")}
+        try:
+            with np.load(path) as f:
+                return {k: f[k] for k in ("puzzle", "solution", "num_clues", "needs_search")}
+        except Exception as e:  # a damaged cache (a killed write of an older version, a full disk): rebuilt
+            print(f"Sudoku cache {path} is unreadable ({type(e).__name__}: {e}); generating it again",
+                  flush=True)
 
     seeds = np.random.SeedSequence(seed).spawn(n)
     chunk = max(1, min(256, n // max(1, 8 * num_workers)))

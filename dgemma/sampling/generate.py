@@ -240,7 +240,9 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, rng: Array,
       # Without restarts every row is in its one attempt, and the per-row quantities are the step's own.
       if restart:
         k_B, keys = st.attempt_step, jax.random.wrap_key_data(st.attempt_keys, impl=key_impl)
-        temp = schedules.temperature(s.schedule, s.t_max, s.t_min, st.attempt_len - k_B, st.attempt_len)
+        # (A finished row's attempt step keeps counting; at least 1 step left keeps its discarded temperature > 0.)
+        temp = schedules.temperature(s.schedule, s.t_max, s.t_min, jnp.maximum(st.attempt_len - k_B, 1),
+                                     st.attempt_len)
         temp = jnp.broadcast_to(temp, (b,))[:, None, None]  # (the constant schedule gives a scalar)
       else:
         k_B, keys = jnp.broadcast_to(st.step, (b,)), keys_B
@@ -275,7 +277,8 @@ def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, rng: Array,
         finished = finished | stop
       trajectory = st.trajectory
       if traj_steps:
-        trajectory = jax.lax.dynamic_update_slice(trajectory, argmax[:, None], (0, st.step, 0))
+        ran = jnp.where(frozen, -1, argmax)  # -1 for rows that had stopped before this step
+        trajectory = jax.lax.dynamic_update_slice(trajectory, ran[:, None], (0, st.step, 0))
       attempt, attempt_step, attempt_len, attempt_keys_data = (st.attempt, st.attempt_step + 1, st.attempt_len,
                                                               st.attempt_keys)
       if restart:  # rows whose attempt ran out without a stop start the next one, if the budget has steps left
@@ -406,6 +409,7 @@ def _prepare(config: ModelConfig, sampler_config: SamplerConfig, prompt_tokens, 
   if not np.issubdtype(prompt.dtype, np.integer):
     raise ValueError(f"prompt_tokens must be integer token ids, got dtype {prompt.dtype}")
   _check_ids("prompt_tokens", prompt, config.vocab_size)
+  _check_ids("stop_ids", np.asarray(sampler.stop_ids, np.int64), config.vocab_size)  # else they never match
   b, p = prompt.shape
   valid = np.ones((b, p), bool) if prompt_valid is None else np.asarray(prompt_valid, bool)
   if valid.shape != (b, p):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
 
 import jax
@@ -51,8 +52,14 @@ class Checkpointer:
     abstract_state = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) if isinstance(x, jax.Array) else x,
         abstract_state)
-    out = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
-                                                              data=ocp.args.JsonRestore()))
+    try:
+      out = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
+                                                                data=ocp.args.JsonRestore()))
+    except Exception as e:  # orbax / TensorStore fail in many ways on a damaged or mismatched checkpoint
+      # (The caller should not close this checkpointer: its remaining reads are still failing, and closing would
+      # print their tracebacks. The scripts end the process at once: cli.exit.)
+      _quiet_failed_reads()
+      raise CheckpointError(unreadable(self.directory, step, e, self.all_steps())) from e
     return out["state"], out["data"]
 
   def wait(self) -> None:
@@ -60,6 +67,30 @@ class Checkpointer:
 
   def close(self) -> None:
     self._manager.close()
+
+
+def _quiet_failed_reads() -> None:
+  """After a failed restore, orbax's remaining reads keep failing on its threads, each printing a traceback
+  (tensor reads, and callbacks into its closed event loop). Drops exactly those, so that the error the caller
+  reports stays one line; everything else still reaches the previous hooks."""
+  def leftover(exc: BaseException | None, origin: object = None) -> bool:
+    return (isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed") or \
+        "_read_array_index" in repr(origin) or "Encountered error while reading array index" in str(exc)
+  excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
+  sys.excepthook = lambda t, e, tb: None if leftover(e) else excepthook(t, e, tb)
+  sys.unraisablehook = lambda u: None if leftover(u.exc_value, u.object) else unraisablehook(u)
+
+
+class CheckpointError(ValueError):
+  """A checkpoint that cannot be read (one line: the step, the first line of the cause, what to do)."""
+
+
+def unreadable(directory: str, step: int, error: BaseException, steps: list[int]) -> str:
+  cause = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+  cause = cause.split(". See full TensorStore details")[0]  # (the rest is a multi-line spec dump)
+  older = [s for s in steps if s < step]
+  remedy = f"move it away to resume from step {older[-1]}" if older else "no older checkpoint is left"
+  return f"checkpoint {os.path.join(directory, str(step))} cannot be read ({cause[:300]}); {remedy}"
 
 
 def write_run_info(workdir: str, config: ModelConfig, metadata: dict) -> None:
@@ -98,11 +129,16 @@ def load_inference(workdir: str, step: int | None = None,
   if step is None:
     raise FileNotFoundError(f"{workdir}/checkpoints holds no finished checkpoint")
   # Onto this process's first device, whatever mesh wrote the checkpoint.
-  metadata = manager.item_metadata(step)["state"]
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), np.dtype(m.dtype), sharding=device),
-                        getattr(metadata, "tree", metadata))
-  state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
+  try:
+    metadata = manager.item_metadata(step)["state"]
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), np.dtype(m.dtype), sharding=device),
+                          getattr(metadata, "tree", metadata))
+    state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
+  except Exception as e:  # orbax / TensorStore fail in many ways on a damaged checkpoint
+    # (Not closed: its remaining reads are still failing, and closing would print their tracebacks.)
+    _quiet_failed_reads()
+    raise CheckpointError(unreadable(str(manager.directory), step, e, sorted(manager.all_steps()))) from e
   manager.close()
   trainable = state["trainable"]
   if ema_decay is not None:

@@ -27,6 +27,8 @@ def make_evaluator(c: ml_collections.ConfigDict, config: ModelConfig, task_metad
   e = c.get("eval")
   if e is None or not e.every:
     return None
+  if e.every < 0 or e.num_puzzles < 1:  # (found now, not after the steps before the first evaluation)
+    raise ValueError(f"eval.every must be >= 0 and eval.num_puzzles >= 1, got {e.every} and {e.num_puzzles}")
   if e.seed == c.data.seed and not c.data.csv:
     raise ValueError(f"eval.seed={e.seed} equals data.seed: the evaluation puzzles would be training puzzles")
   if jax.process_count() > 1:

@@ -14,7 +14,14 @@ from tensorboardX import SummaryWriter
 
 
 def bin_tags(num_bins: int) -> list[str]:
-  return [f"loss_by_t/{k / num_bins:.1f}-{(k + 1) / num_bins:.1f}" for k in range(num_bins)]
+  """`loss_by_t/<low>-<high>` per bin of t, with as few decimals as keep every edge exact or distinct (0.1 for 10
+  bins, 0.25 for 4, 0.05 for 20), so that no two bins share a tag."""
+  def edges(decimals):
+    return [f"{k / num_bins:.{decimals}f}" for k in range(num_bins + 1)]
+  decimals = next((d for d in range(1, 7) if all(float(e) == k / num_bins for k, e in enumerate(edges(d)))),
+                  max(1, math.ceil(math.log10(num_bins)) + 1))
+  e = edges(decimals)
+  return [f"loss_by_t/{e[k]}-{e[k + 1]}" for k in range(num_bins)]
 
 
 class MetricsLogger:

@@ -67,6 +67,14 @@ def debiased_average(ema: Any, trainable: Any, step: Any, decay: float) -> Any:
                       ema, trainable)
 
 
+@jax.jit
+def all_finite(tree: Any) -> jax.Array:
+  """Whether every floating-point leaf is finite (a scalar bool on device). train.py checks the state with it
+  before each checkpoint: an update can overflow the weights while the loss it was computed from is finite."""
+  checks = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+  return jnp.all(jnp.stack(checks)) if checks else jnp.bool_(True)
+
+
 def ema_trainable(state: TrainState, index: int, decay: float) -> Any:
   """The `index`-th moving average of the trainable weights, bias-corrected."""
   if state.ema is None:

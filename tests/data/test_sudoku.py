@@ -155,6 +155,18 @@ def test_cache_round_trip(tmp_path, monkeypatch):
         np.testing.assert_array_equal(cached[key], data[key])
 
 
+def test_damaged_cache_is_generated_again(tmp_path, capsys):
+    data = sudoku.generate_dataset(3, seed=5, min_clues=25, max_clues=30, cache_dir=str(tmp_path))
+    path = tmp_path / "sudoku_5_3_25_30.npz"
+    path.write_bytes(path.read_bytes()[:500])
+    again = sudoku.generate_dataset(3, seed=5, min_clues=25, max_clues=30, cache_dir=str(tmp_path))
+    assert f"Sudoku cache {path} is unreadable" in capsys.readouterr().out
+    for key in data:
+        np.testing.assert_array_equal(again[key], data[key])
+    with np.load(path) as f:  # and the cache is whole again
+        np.testing.assert_array_equal(f["puzzle"], data["puzzle"])
+
+
 # --- Augmentation --------------------------------------------------------------
 
 

@@ -68,6 +68,49 @@ def test_corrupt_file(exported, tmp_path):
     load_hf(path)
 
 
+def test_truncated_file(exported, tmp_path):
+  path = _copy(exported, tmp_path)
+  file = os.path.join(path, "model.safetensors")
+  with open(file, "r+b") as f:
+    f.truncate(os.path.getsize(file) - 100)
+  with pytest.raises(ValueError, match=r"bytes of data, \d+ expected for shape .* \(a truncated or damaged file\)"):
+    load_hf(path)
+
+
+def test_export_over_an_earlier_export(tmp_path):
+  """Writing a sharded export where a single-file one was leaves only the new weights to load."""
+  config = tiny_moe()
+  first, second = (model.init_params(config, jax.random.key(s)) for s in (0, 1))
+  path = str(tmp_path / "m")
+  save_hf(path, config, first)
+  save_hf(path, config, second, max_shard_bytes=20_000)
+  assert "model.safetensors" not in os.listdir(path) and "model.safetensors.index.json" in os.listdir(path)
+  _, loaded = load_hf(path)
+  assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), loaded, second))
+  os.remove(os.path.join(path, sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))[0]))
+  with pytest.raises(FileNotFoundError, match="model.safetensors.index.json names model-00001-of-"):
+    load_hf(path)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "generation_config.json: not readable JSON"),
+    ('{"eos_token_id": "1"}', "generation_config.json: eos_token_id must be a token id or a list of them"),
+])
+def test_bad_generation_config(exported, tmp_path, text, message):
+  path = _copy(exported, tmp_path)
+  with open(os.path.join(path, "generation_config.json"), "w") as f:
+    f.write(text)
+  with pytest.raises(ValueError, match=message):
+    load_hf(path)
+
+
+def test_export_refuses_a_local_last_layer(tmp_path):
+  from dgemma.config import GLOBAL, LOCAL
+  config = tiny_moe(num_layers=2, layer_types=(GLOBAL, LOCAL))  # HF would load it with a global last layer
+  with pytest.raises(ValueError, match="last layer is always global"):
+    save_hf(str(tmp_path / "m"), config, model.init_params(config, jax.random.key(0)))
+
+
 def test_native_round_trip(tmp_path):
   from dgemma.checkpoints import load_model, save_model
   config = tiny_moe()

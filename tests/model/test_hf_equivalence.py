@@ -95,12 +95,22 @@ def test_right_padded_batch(checkpoint):
 
 def test_export_round_trip(checkpoint, tmp_path):
   from transformers import DiffusionGemmaForBlockDiffusion
+  from dgemma.checkpoints import load_model
   hf, config, params, _ = checkpoint
-  save_hf(str(tmp_path / "export"), config, params)
+  config = config.replace(stop_ids=(1, 7))
+  knobs = dict(max_denoising_steps=12, t_max=0.9, t_min=0.3, entropy_bound=0.2, stability_threshold=2,
+               confidence_threshold=0.01)
+  save_hf(str(tmp_path / "export"), config, params, sampler=dict(knobs, schedule="cosine"))
   config2, params2 = load_hf(str(tmp_path / "export"))
   assert config2 == config
+  # The sampling defaults travel in generation_config.json, as HF generate reads them (the schedule has no HF knob).
+  assert load_model(str(tmp_path / "export"))[2] == {"sampler": knobs}
   assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), params, params2))
   reloaded = DiffusionGemmaForBlockDiffusion.from_pretrained(tmp_path / "export").eval()
+  generation = reloaded.generation_config
+  assert generation.eos_token_id == [1, 7] and generation.sampler_config.entropy_bound == 0.2
+  assert {k: getattr(generation, k) for k in knobs if k != "entropy_bound"} == \
+      {k: v for k, v in knobs.items() if k != "entropy_bound"}
   rng = np.random.default_rng(3)
   prompt = torch.tensor(rng.integers(3, 64, (2, 7)))
   canvas = torch.tensor(rng.integers(0, 64, (2, 6)))

@@ -1,6 +1,8 @@
 """Properties of the jitted sampler: rows are independent, it compiles once per shape, it is deterministic
 given its key, the step accounting is consistent, and bad input fails with one clear line."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -91,10 +93,11 @@ def test_dense_moe_samples_the_same_tokens(tiny):
   assert same_rows >= 30, f"only {same_rows} of 32 rows sampled the same tokens"
 
 
-def test_step_accounting_and_trajectory(tiny):
+@pytest.mark.parametrize("stop_ids", [(1,), (1, 2, 3, 4, 5)])  # more stop ids: rows also finish early
+def test_step_accounting_and_trajectory(tiny, stop_ids):
   config, params = tiny
   prompt, valid = _batch(2)
-  out = generate(params, config, prompt, valid, jax.random.key(3), SAMPLER)
+  out = generate(params, config, prompt, valid, jax.random.key(3), dataclasses.replace(SAMPLER, stop_ids=stop_ids))
   tokens = np.asarray(out.tokens).reshape(4, 3, 8)
   steps = np.asarray(out.steps_per_canvas)
   traj = np.asarray(out.trajectory)
@@ -106,15 +109,19 @@ def test_step_accounting_and_trajectory(tiny):
         continue
       last = traj[row, i, steps[row, i] - 1]
       # The committed canvas is the row's last argmax canvas, truncated after its first stop token.
-      stop = np.flatnonzero(np.isin(last, config.stop_ids))
+      stop = np.flatnonzero(np.isin(last, stop_ids))
       expected = last.copy()
       if stop.size:
         expected[stop[0] + 1:] = config.pad_id
       np.testing.assert_array_equal(tokens[row, i], expected)
-      # A stopped row is frozen: its argmax canvas repeats for the rest of the executed steps.
-      executed = traj[row, i, :, 0] >= 0
-      np.testing.assert_array_equal(traj[row, i, executed][steps[row, i] - 1:],
-                                    np.broadcast_to(last, (executed.sum() - steps[row, i] + 1, 8)))
+  # The trajectory holds a canvas exactly for the steps each row ran: -1 after a row stopped (while other rows went
+  # on) and in the canvases after the one it finished in, never its frozen or starting canvas.
+  ran = np.arange(STEPS)[None, None, :] < steps[:, :, None]
+  np.testing.assert_array_equal((traj >= 0).all(-1), ran)
+  np.testing.assert_array_equal((traj == -1).all(-1), ~ran)
+  assert ((steps > 0) & (steps < STEPS)).any()  # rows stopped while others went on
+  if len(stop_ids) > 1:
+    assert (steps[:, 1:] == 0).any()  # and rows finished before the last canvas
   nonpad = (np.asarray(out.tokens) != config.pad_id).sum(1)
   np.testing.assert_allclose(np.asarray(out.tokens_per_forward), nonpad / steps.sum(1), rtol=1e-6)
 

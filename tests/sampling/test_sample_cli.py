@@ -124,7 +124,7 @@ def test_cache_per_canvas_flag_reaches_the_sampler(ckpts, capsys, monkeypatch):
                       lambda *args, **kwargs: samplers.append(args[5].resolve(args[1])) or real(*args, **kwargs))
   for flags in ([], ["--nocache_per_canvas"]):
     rc, out, err = _run([f"--ckpt={ckpts['bare']}", "--prompt_ids=2,5", "--max_new_tokens=12", "--steps=2",
-                         "--stop_ids=99", *flags], capsys)
+                         "--stop_ids=none", *flags], capsys)
     assert rc == 0, err
     assert "steps per canvas: [2, 2, 2]" in out  # three canvases ran (three cache buckets by default)
   assert [s.cache_per_canvas for s in samplers] == [True, False]
@@ -166,6 +166,9 @@ def test_matmul_dtype_runs_float32_weights_with_bf16_matmuls(ckpts, capsys, monk
     (["--ckpt={bare}", "--prompt_ids=2", "--samples=2"], "error: --samples > 1 needs a Sudoku checkpoint"),
     (["--ckpt={bare}", "--prompt_ids=2", "--samples=0"], "error: --samples must be >= 1, got 0"),
     (["--ckpt={bare}"], "error: give exactly one of --prompt, --prompt_ids or --prompts_file"),
+    (["--ckpt={bare}", "--prompt_ids=;"], "error: --prompt_ids has no prompts"),
+    (["--ckpt={bare}", "--prompt_ids=2", "--seed=4294967296"], "error: --seed must be in [0, 2**32), got 4294967296"),
+    (["--ckpt={bare}", "--prompt_ids=2", "--stop_ids=1,64"], "error: stop_ids has token ids outside [0, 64)"),
     (["--ckpt={bare}", "--prompt_ids=2", "--steps=abc"], "error: flag --steps=abc"),
     (["--ckpt={bare}", "--prompt_ids=2", "--moe_impl=ragged"],
      "error: flag --moe_impl=ragged: value should be one of <xla|dense|pallas>"),

@@ -334,6 +334,17 @@ def test_eval_script_errors(ckpt, tmp_path, capsys):
                         cwd=str(tmp_path), env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert proc.returncode == 1
   assert proc.stderr.strip() == f"error: {tmp_path / 'missing.csv'}: data file not found"
+  # An npz whose arrays disagree in length fails before any decoding (arrays it does not read are ignored).
+  grids = np.stack([sudoku.from_string(CLASSIC)] * 3)
+  np.savez(tmp_path / "mismatch.npz", puzzle=grids, solution=grids[:2], note=np.int32(7))
+  for extra, message in (([], f"{tmp_path / 'mismatch.npz'}: 'solution' has shape (2, 81) but 'puzzle' has 3 rows"),
+                         (["--seed=4294967296"], "--seed must be in [0, 2**32), got 4294967296")):
+    rc = evaluator.main(["eval_sudoku.py", f"--ckpt={path / 'ckpt'}", f"--data={tmp_path / 'mismatch.npz'}",
+                         "--max_steps=2", *extra])
+    captured = capsys.readouterr()
+    assert rc == 1 and captured.err == f"error: {message}\n" and "block diffusion" not in captured.out
+  np.savez(tmp_path / "fine.npz", puzzle=grids, solution=grids, note=np.int32(7))
+  assert len(evaluator.load_data(str(tmp_path / "fine.npz"), limit=2)["puzzle"]) == 2
 
 
 def test_sample_script_solves_and_shows_steps(ckpt, tmp_path, capsys):
@@ -351,3 +362,8 @@ def test_sample_script_solves_and_shows_steps(ckpt, tmp_path, capsys):
   rc = sampler.main(["sample.py", f"--ckpt={path / 'ckpt'}", "--prompt=12345"])
   err = capsys.readouterr().err
   assert rc == 1 and err.strip().startswith("error: a Sudoku puzzle must be 81 digits")
+  # The task fixes the canvas, the length and the stop token: flags that would be ignored are refused.
+  rc = sampler.main(["sample.py", f"--ckpt={path / 'ckpt'}", f"--prompt={CLASSIC}", "--max_new_tokens=100",
+                     "--stop_ids=1"])
+  err = capsys.readouterr().err
+  assert rc == 1 and err.startswith("error: --max_new_tokens, --stop_ids cannot be set for a Sudoku checkpoint")

@@ -155,6 +155,53 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
   assert checkpointing.Checkpointer(str(tmp_path / "run")).latest_step() == 3
 
 
+def test_weights_that_overflowed_are_not_checkpointed(tmp_path):
+  """The loss is computed before the update: weights an update broke show only in the next step's loss, after a
+  checkpoint of them may have been written. The error then names the checkpoint before it."""
+  c = debug_config(tmp_path, num_train_steps=12)
+  train.train(c, str(tmp_path / "run"), stop_at_step=3)  # a good checkpoint at step 3
+  c.optimizer.learning_rate, c.optimizer.warmup_steps, c.checkpoint_every = 1e30, 1, 4  # step 4: finite loss
+  message = (r"loss is nan at step 5, computed from the weights checkpointed at step 4; stopping. The last good "
+             f"checkpoint is step 3: move {tmp_path / 'run' / 'checkpoints' / '4'} away to resume from it")
+  with pytest.raises(train.TrainingError, match=message):
+    train.train(c, str(tmp_path / "run"))
+
+
+def test_all_finite():
+  from dgemma.training.state import all_finite
+  tree = {"w": np.ones((3, 2), np.float32), "step": np.int32(7), "key": jax.random.key(0)}
+  assert bool(all_finite(tree))
+  for bad in (np.nan, np.inf, -np.inf):
+    assert not bool(all_finite(dict(tree, w=np.array([[1.0, bad]], np.float32))))
+
+
+def test_resume_refuses_another_model_and_a_damaged_checkpoint(tmp_path):
+  c = debug_config(tmp_path, num_train_steps=12)
+  run = tmp_path / "run"
+  train.train(c, str(run), stop_at_step=6)  # checkpoints at steps 3 and 6
+  run_json = (run / "run.json").read_text()
+  wider = debug_config(tmp_path, num_train_steps=12, **{"model.width": c.model.width * 2})
+  with pytest.raises(ValueError, match=r"holds checkpoints of another model \(config.model differs in .*width: 32 -> 64"):
+    train.train(wider, str(run))
+  assert (run / "run.json").read_text() == run_json  # still describes the checkpoints
+  # A damaged file of the latest checkpoint: one line naming it, and the way back to the one before.
+  files = [os.path.join(d, f) for d, _, fs in os.walk(run / "checkpoints" / "6" / "state") for f in fs]
+  largest = max(files, key=os.path.getsize)
+  with open(largest, "r+b") as f:
+    f.truncate(os.path.getsize(largest) // 2)
+  message = f"checkpoint {run / 'checkpoints' / '6'} cannot be read .*; move it away to resume from step 3"
+  with pytest.raises(checkpointing.CheckpointError, match=message):
+    train.train(c, str(run))
+  with pytest.raises(checkpointing.CheckpointError, match=message):
+    checkpointing.load_inference(str(run))
+
+
+@pytest.mark.parametrize("key", ["checkpoint_every", "log_every", "keep_checkpoints"])
+def test_counts_must_be_positive(tmp_path, key):
+  with pytest.raises(ValueError, match=f"config.{key} must be a positive integer, got 0"):
+    train.train(debug_config(tmp_path, **{key: 0}), str(tmp_path / "run"))
+
+
 def _run_cli(*args):
   return subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
@@ -226,3 +273,20 @@ def test_evaluation_during_training_is_logged_and_matches_the_saved_model(tmp_pa
   assert scalars["eval/mean_steps"][-1][1] == pytest.approx(float(np.mean(result.steps)))
   with pytest.raises(ValueError, match="eval.seed"):
     train.train(debug_config(tmp_path, **{"eval.every": 3, "eval.seed": c.data.seed}), str(tmp_path / "bad"))
+  with pytest.raises(ValueError, match="eval.num_puzzles >= 1, got 3 and 0"):
+    train.train(debug_config(tmp_path, **{"eval.every": 3, "eval.num_puzzles": 0}), str(tmp_path / "bad"))
+  assert not os.path.exists(tmp_path / "bad" / "checkpoints")  # refused before any step
+
+
+@pytest.mark.parametrize("num_bins", [1, 3, 4, 10, 20, 64])
+def test_loss_by_t_tags_name_each_bin(num_bins):
+  """One distinct tag per bin of t, whose edges are the bin's edges to the tag's precision."""
+  tags = metrics.bin_tags(num_bins)
+  assert len(set(tags)) == num_bins
+  for k, tag in enumerate(tags):
+    low, high = (float(x) for x in tag.removeprefix("loss_by_t/").split("-"))
+    decimals = len(tag.split("-")[-1].split(".")[1])
+    assert abs(low - k / num_bins) <= 0.5 * 10 ** -decimals + 1e-12
+    assert abs(high - (k + 1) / num_bins) <= 0.5 * 10 ** -decimals + 1e-12
+  if num_bins == 10:
+    assert tags[0] == "loss_by_t/0.0-0.1"  # the default's tags, as the README names them
