@@ -323,7 +323,8 @@ def run() -> dict:
                              moe_impl=config.moe_impl, canvas=c,
                              canvases=FLAGS.canvases, cache_per_canvas=sampler.resolve(config).cache_per_canvas,
                              steps=n_steps, prompt_len=FLAGS.prompt_len, batch=b,
-                             cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads())
+                             cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
+                             ld_preload=os.environ.get("LD_PRELOAD") or None)  # e.g. scripts/spin_wait.c
   if tmp is not None:
     tmp.cleanup()
   return results
@@ -341,7 +342,7 @@ def report(results: dict) -> str:
       f"{s['canvases']} canvas(es) of {s['canvas']}"
       + ("" if s["canvases"] == 1 else f" (cache per canvas: {s.get('cache_per_canvas', False)})")
       + f", {s['steps']} steps; {s['cpu_count']} CPU cores, "
-      f"torch threads {s['torch_threads']}",
+      f"torch threads {s['torch_threads']}" + (f"; LD_PRELOAD={s['ld_preload']}" if s.get("ld_preload") else ""),
       "",
       "| decoder | tokens/s | x transformers | denoising steps / canvas | tokens / forward | time (s) | "
       "compile (s) |",
