@@ -1,5 +1,7 @@
-"""scripts/spin_wait.c, loaded with LD_PRELOAD: XLA:CPU's workers poll before they sleep. The numbers stay the same,
-every wait still ends (no notify is lost), and the workers are woken from sleep far less often."""
+"""scripts/spin_wait.c, loaded with LD_PRELOAD: XLA:CPU's workers poll before they sleep. It builds, it is loaded, the
+numbers stay the same, and every wait still ends (no notify is lost). How many wake-ups it spares depends on a free
+core (37 against 1,988 context switches for this program on the idle 2-core machine, none with another test file
+busy on the other core), so that is measured by the benchmark, not asserted here."""
 
 import json
 import os
@@ -30,13 +32,14 @@ f(y0).block_until_ready()
 before = bench._context_switches()
 for _ in range(3):
   y = f(y0).block_until_ready()
-print(json.dumps({"y": np.asarray(y)[:4].tolist(), "switches": bench._context_switches() - before}))
+loaded = any("spin_wait" in line for line in open("/proc/self/maps"))
+print(json.dumps({"y": np.asarray(y)[:4].tolist(), "switches": bench._context_switches() - before, "loaded": loaded}))
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("gcc") is None,
                     reason="an LD_PRELOAD library for Linux, built with gcc")
-def test_spin_wait_keeps_results_and_spares_wake_ups(tmp_path):
+def test_spin_wait_keeps_results(tmp_path):
   library = tmp_path / "spin_wait.so"
   subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-pthread", str(ROOT / "scripts/spin_wait.c"), "-o",
                   str(library), "-ldl"], check=True)
@@ -47,7 +50,5 @@ def test_spin_wait_keeps_results_and_spares_wake_ups(tmp_path):
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert runs["spin"]["loaded"] and not runs["plain"]["loaded"]
   assert runs["spin"]["y"] == runs["plain"]["y"]
-  if runs["plain"]["switches"] < 100:  # XLA:CPU ran these without waking a worker (one core): nothing to spare
-    pytest.skip(f"only {runs['plain']['switches']} context switches without the library")
-  assert runs["spin"]["switches"] < runs["plain"]["switches"] / 2, runs
