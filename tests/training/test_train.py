@@ -290,3 +290,17 @@ def test_loss_by_t_tags_name_each_bin(num_bins):
     assert abs(high - (k + 1) / num_bins) <= 0.5 * 10 ** -decimals + 1e-12
   if num_bins == 10:
     assert tags[0] == "loss_by_t/0.0-0.1"  # the default's tags, as the README names them
+
+
+def test_init_model_records_what_train_records(tmp_path):
+  """scripts/init_model.py's untrained model carries the config's task, sampler and self-conditioning choice, as
+  the model train.py exports from the same config does."""
+  c = debug_config(tmp_path, num_train_steps=1)
+  train.train(c, str(tmp_path / "run"))
+  proc = subprocess.run([sys.executable, "scripts/init_model.py", "--config=configs/sft_sudoku.py:size=debug",
+                         f"--out={tmp_path / 'untrained'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  trained, untrained = (load_model(str(p))[2] for p in (tmp_path / "run" / "model", tmp_path / "untrained"))
+  for key in ("task", "sampler", "self_conditioning"):
+    assert untrained[key] == trained[key], key
+  assert untrained["sampler"]  # the debug config has sampler knobs, so this compares something
