@@ -13,6 +13,7 @@ count. The data-iterator state is the primary process's (all processes are at th
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -121,9 +122,13 @@ def load_inference(workdir: str, step: int | None = None,
   with open(run_file) as f:
     info = json.load(f)
   config = config_from_dict(info["model"])
+  # Everything but the optimizer state, whose moments would double or triple the memory an export needs (orbax's
+  # partial restore; an orbax without it restores the whole state, the same weights).
+  partial = "partial_restore" in inspect.signature(ocp.args.PyTreeRestore).parameters
   manager = ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), "checkpoints"),
                                   item_names=("state", "data"),
-                                  item_handlers={"state": ocp.StandardCheckpointHandler(),
+                                  item_handlers={"state": ocp.PyTreeCheckpointHandler() if partial
+                                                 else ocp.StandardCheckpointHandler(),
                                                  "data": ocp.JsonCheckpointHandler()})
   step = manager.latest_step() if step is None else step
   if step is None:
@@ -132,9 +137,16 @@ def load_inference(workdir: str, step: int | None = None,
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   try:
     metadata = manager.item_metadata(step)["state"]
-    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), np.dtype(m.dtype), sharding=device),
-                          getattr(metadata, "tree", metadata))
-    state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
+    tree = getattr(metadata, "tree", metadata)
+    if partial:
+      tree = {k: v for k, v in tree.items() if k != "opt_state"}
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), np.dtype(m.dtype), sharding=device), tree)
+    if partial:
+      args = ocp.args.PyTreeRestore(item=target, partial_restore=True,
+                                    restore_args=jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=device), target))
+    else:
+      args = ocp.args.StandardRestore(target)
+    state = manager.restore(step, args=ocp.args.Composite(state=args))["state"]
   except Exception as e:  # orbax / TensorStore fail in many ways on a damaged checkpoint
     # (Not closed: its remaining reads are still failing, and closing would print their tracebacks.)
     _quiet_failed_reads()

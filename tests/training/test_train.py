@@ -184,11 +184,12 @@ def test_resume_refuses_another_model_and_a_damaged_checkpoint(tmp_path):
   with pytest.raises(ValueError, match=r"holds checkpoints of another model \(config.model differs in .*width: 32 -> 64"):
     train.train(wider, str(run))
   assert (run / "run.json").read_text() == run_json  # still describes the checkpoints
-  # A damaged file of the latest checkpoint: one line naming it, and the way back to the one before.
-  files = [os.path.join(d, f) for d, _, fs in os.walk(run / "checkpoints" / "6" / "state") for f in fs]
-  largest = max(files, key=os.path.getsize)
-  with open(largest, "r+b") as f:
-    f.truncate(os.path.getsize(largest) // 2)
+  # Damaged array data in the latest checkpoint: one line naming it, and the way back to the one before.
+  for d, _, fs in os.walk(run / "checkpoints" / "6" / "state"):
+    for name in fs:
+      if os.path.basename(d) == "d":  # OCDBT's data files (the weights and the optimizer state alike)
+        with open(os.path.join(d, name), "r+b") as f:
+          f.truncate(os.path.getsize(os.path.join(d, name)) // 2)
   message = f"checkpoint {run / 'checkpoints' / '6'} cannot be read .*; move it away to resume from step 3"
   with pytest.raises(checkpointing.CheckpointError, match=message):
     train.train(c, str(run))
@@ -304,3 +305,21 @@ def test_init_model_records_what_train_records(tmp_path):
   for key in ("task", "sampler", "self_conditioning"):
     assert untrained[key] == trained[key], key
   assert untrained["sampler"]  # the debug config has sampler knobs, so this compares something
+
+
+def test_load_inference_leaves_the_optimizer_state_on_disk(tmp_path, monkeypatch):
+  """Exporting weights restores the weights (and step, averages), not Adam's moments: the same parameters as the
+  run's own export, with the optimizer state never requested from orbax."""
+  import orbax.checkpoint as ocp
+  train.train(debug_config(tmp_path, num_train_steps=3), str(tmp_path / "run"))
+  requested = []
+  real = ocp.CheckpointManager.restore
+
+  def spy(self, step, args=None, **kw):
+    requested.append(set(args["state"].item))  # the subtrees asked for
+    return real(self, step, args=args, **kw)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "restore", spy)
+  params = checkpointing.load_inference(str(tmp_path / "run"))[1]
+  assert requested == [{"step", "trainable", "frozen", "ema"}]
+  assert jax.tree.all(jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), params, _params(str(tmp_path / "run"))))
