@@ -24,12 +24,12 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from dgemma import checkpoints, cli, huge_pages, model, sampling, sharding
+from dgemma import checkpoints, cli, huge_pages, model, sharding
 from dgemma.checkpoints.native import config_to_dict
 from dgemma.data import sudoku, sudoku_formats, sudoku_task, sudoku_text
 from dgemma.data.tokenizer import load_tokenizer
 from dgemma.training import checkpointing, evaluation, metrics as metrics_lib, optimizer, state as state_lib
-from dgemma.training.config_utils import model_config
+from dgemma.training.config_utils import model_config, sampling_metadata
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (configs/*.py[:args]).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, logs and the final model (default workdirs/<config>).")
@@ -138,18 +138,9 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   config, params, init_metadata = build_model(c, mesh, rules)
   # --- Data ---------------------------------------------------------------------------------------
   dataset, task_metadata = build_data(c, config, shard)
-  # Whether the self-conditioning branch learned anything (here or in the checkpoint we start from): the
-  # sampler feeds it only then (sampling.self_conditioning_for).
-  task_metadata["self_conditioning"] = bool(c.diffusion.self_cond_prob > 0 or (
-      c.init_from and sampling.self_conditioning_for(init_metadata)))
-  # The model's own sampling defaults (read back by sample.py, eval_sudoku.py and the evaluations): the
-  # config's `sampler` section, else those of the checkpoint we start from.
-  if c.get("sampler"):
-    task_metadata["sampler"] = c.sampler.to_dict()
-  elif c.init_from and (init_metadata or {}).get("sampler"):
-    task_metadata["sampler"] = dict(init_metadata["sampler"])
-  if "sampler" in task_metadata:
-    sampling.sampler_config(task_metadata)  # a bad knob fails now, not at the first evaluation
+  # Whether the self-conditioning branch learned anything, and the model's own sampling defaults (a bad knob fails
+  # now, not at the first evaluation).
+  task_metadata.update(sampling_metadata(c, init_metadata))
   # Moving averages of the weights (none by default): each is evaluated beside the weights and exported as
   # model_ema<decay>/ next to model/.
   ema_decays = tuple(float(d) for d in c.optimizer.get("ema_decays", ()))

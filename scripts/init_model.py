@@ -14,8 +14,8 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 
-from dgemma import checkpoints, model, sampling  # noqa: E402
-from dgemma.training.config_utils import model_config  # noqa: E402
+from dgemma import checkpoints, model  # noqa: E402
+from dgemma.training.config_utils import model_config, sampling_metadata  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.")
 _OUT = flags.DEFINE_string("out", None, "Output directory (our inference checkpoint).", required=True)
@@ -29,11 +29,7 @@ def main(argv):
   config = model_config(c.model_preset, c.model.to_dict())
   params = model.init_params(config, jax.random.key(c.seed))
   task = {"task": {"name": c.data.task, "prompt_len": c.data.prompt_len}}
-  # As train.py records them, so that the untrained row of a table is sampled as the trained ones are.
-  if c.get("sampler"):
-    task["sampler"] = c.sampler.to_dict()
-    sampling.sampler_config(task)  # a bad knob fails here
-  task["self_conditioning"] = bool(c.diffusion.self_cond_prob > 0)
+  task.update(sampling_metadata(c))  # as train.py records it: the untrained row of a table is sampled alike
   checkpoints.save_model(_OUT.value, config, params, task)
   print(f"wrote an untrained {config.num_layers}-layer model to {_OUT.value}")
 

@@ -121,8 +121,10 @@ def _get(tree: dict, path: tuple[str, ...]):
 
 GENERATION_CONFIG = "generation_config.json"
 # HF generate's knobs in generation_config.json that are SamplerConfig knobs of the same name and meaning (the
-# entropy bound sits in its "sampler_config"). HF's generation config refuses any other key.
-_GENERATION_KNOBS = ("max_denoising_steps", "t_max", "t_min", "stability_threshold", "confidence_threshold")
+# entropy bound sits in its "sampler_config"), with the types HF's validation wants (it refuses an integer
+# confidence threshold). HF's generation config refuses any other key.
+_GENERATION_KNOBS = dict(max_denoising_steps=int, t_max=float, t_min=float, stability_threshold=int,
+                         confidence_threshold=float)
 
 
 def generation_defaults(path: str) -> tuple[tuple[int, ...] | None, dict]:
@@ -215,9 +217,7 @@ def save_hf(path: str, config: ModelConfig, params: dict, max_shard_bytes: int =
   if len(shards) > 1:
     _write_json(os.path.join(path, safetensors_io.INDEX_FILE), {"metadata": {}, "weight_map": weight_map})
   _write_json(os.path.join(path, "config.json"), hf_config)
-  # (Typed as HF's validation wants them: it refuses an integer confidence threshold.)
-  types = dict(max_denoising_steps=int, t_max=float, t_min=float, stability_threshold=int, confidence_threshold=float)
-  generation = {k: types[k](v) for k, v in (sampler or {}).items() if k in _GENERATION_KNOBS}
+  generation = {k: _GENERATION_KNOBS[k](v) for k, v in (sampler or {}).items() if k in _GENERATION_KNOBS}
   if (sampler or {}).get("entropy_bound") is not None:
     # (HF stores its sampler config as a dataclass named by "_cls_name".)
     generation["sampler_config"] = {"_cls_name": "EntropyBoundSamplerConfig",

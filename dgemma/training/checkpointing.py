@@ -59,8 +59,7 @@ class Checkpointer:
     except Exception as e:  # orbax / TensorStore fail in many ways on a damaged or mismatched checkpoint
       # (The caller should not close this checkpointer: its remaining reads are still failing, and closing would
       # print their tracebacks. The scripts end the process at once: cli.exit.)
-      _quiet_failed_reads()
-      raise CheckpointError(unreadable(self.directory, step, e, self.all_steps())) from e
+      raise unreadable(self.directory, step, e, self.all_steps()) from e
     return out["state"], out["data"]
 
   def wait(self) -> None:
@@ -86,12 +85,14 @@ class CheckpointError(ValueError):
   """A checkpoint that cannot be read (one line: the step, the first line of the cause, what to do)."""
 
 
-def unreadable(directory: str, step: int, error: BaseException, steps: list[int]) -> str:
+def unreadable(directory: str, step: int, error: BaseException, steps: list[int]) -> CheckpointError:
+  """The error for a failed restore of `step` (with the step before it to fall back to), its leftovers quieted."""
+  _quiet_failed_reads()
   cause = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
   cause = cause.split(". See full TensorStore details")[0]  # (the rest is a multi-line spec dump)
   older = [s for s in steps if s < step]
   remedy = f"move it away to resume from step {older[-1]}" if older else "no older checkpoint is left"
-  return f"checkpoint {os.path.join(directory, str(step))} cannot be read ({cause[:300]}); {remedy}"
+  return CheckpointError(f"checkpoint {os.path.join(directory, str(step))} cannot be read ({cause[:300]}); {remedy}")
 
 
 def write_run_info(workdir: str, config: ModelConfig, metadata: dict) -> None:
@@ -149,8 +150,7 @@ def load_inference(workdir: str, step: int | None = None,
     state = manager.restore(step, args=ocp.args.Composite(state=args))["state"]
   except Exception as e:  # orbax / TensorStore fail in many ways on a damaged checkpoint
     # (Not closed: its remaining reads are still failing, and closing would print their tracebacks.)
-    _quiet_failed_reads()
-    raise CheckpointError(unreadable(str(manager.directory), step, e, sorted(manager.all_steps()))) from e
+    raise unreadable(str(manager.directory), step, e, sorted(manager.all_steps())) from e
   manager.close()
   trainable = state["trainable"]
   if ema_decay is not None:

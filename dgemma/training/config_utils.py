@@ -38,3 +38,20 @@ def model_config(preset: str, overrides: dict) -> ModelConfig:
     return PRESETS[preset](**overrides)
   except TypeError as e:
     raise ValueError(f"bad model override for preset {preset!r}: {e}") from None
+
+
+def sampling_metadata(c: ml_collections.ConfigDict, init_metadata: dict | None = None) -> dict:
+  """What a run's model records for sampling it (read back by sample.py, eval_sudoku.py and the evaluations):
+  `self_conditioning`, whether that branch learned anything (here or in the `init_from` checkpoint), and
+  `sampler`, the config's sampling defaults, else those of the checkpoint it starts from. A bad knob fails here."""
+  from dgemma import sampling  # (the sampler imports the model; configs need not)
+  start = (init_metadata or {}) if c.get("init_from") else None  # (a checkpoint without records: {})
+  metadata = {"self_conditioning": bool(c.diffusion.self_cond_prob > 0 or (
+      start is not None and sampling.self_conditioning_for(start)))}
+  if c.get("sampler"):
+    metadata["sampler"] = c.sampler.to_dict()
+  elif start and start.get("sampler"):
+    metadata["sampler"] = dict(start["sampler"])
+  if "sampler" in metadata:
+    sampling.sampler_config(metadata)
+  return metadata
