@@ -62,6 +62,10 @@ flags.DEFINE_enum("matmul_dtype", None, ["bfloat16"],
 flags.DEFINE_bool("cache_per_canvas", None, "Each canvas attends over the cache written before it (doubling buckets, "
                   "one compiled step loop per bucket); false: every canvas over the whole cache, one step loop "
                   "[true, but false with the Pallas attention kernel].", **_D)
+flags.DEFINE_enum("token_stats", "auto", ["auto", "cpu", "xla"],
+                  "How each step's arg-max, entropy, sample and softmax run: 'cpu', one C++ kernel built on first use "
+                  "with the system compiler ($CXX or g++); 'xla', plain XLA; 'auto', the kernel on CPU where it builds.",
+                  **_D)
 flags.DEFINE_integer("max_cache_len", 32768, "Largest KV cache (prompt + generated tokens) to allow.", **_D)
 flags.DEFINE_bool("show_steps", False, "Show the canvas converging step by step in the terminal.", **_D)
 flags.DEFINE_string("show_steps_html", None, "Also write the step-by-step animation to this HTML file.", **_D)
@@ -189,7 +193,7 @@ def _sampler_config(metadata: dict | None = None):
       stop_ids=(None if FLAGS.stop_ids is None else () if FLAGS.stop_ids.strip().lower() == "none"
                 else tuple(_int_list(FLAGS.stop_ids, "--stop_ids"))),
       return_trajectory=bool(FLAGS.show_steps or FLAGS.show_steps_html or FLAGS.show_steps_gif),
-      cache_per_canvas=FLAGS.cache_per_canvas)
+      cache_per_canvas=FLAGS.cache_per_canvas, token_stats=FLAGS.token_stats)
 
 
 def _load(path: str):

@@ -46,6 +46,8 @@ flags.DEFINE_integer("canvas", 64, "Canvas length.", **_D)
 flags.DEFINE_integer("canvases", 1, "Canvases to generate (max_new_tokens = canvases * canvas).", **_D)
 flags.DEFINE_bool("cache_per_canvas", None, "Our sampler: each canvas attends over the cache written before it "
                   "(SamplerConfig.cache_per_canvas); false: over the whole cache [true with XLA attention].", **_D)
+flags.DEFINE_enum("token_stats", "auto", ["auto", "cpu", "xla"], "Our sampler: how each step's arg-max, entropy, "
+                  "sample and softmax run (SamplerConfig.token_stats): the C++ kernel, plain XLA, or 'auto'.", **_D)
 flags.DEFINE_integer("steps", 48, "Denoising steps per canvas.", **_D)
 flags.DEFINE_integer("prompt_len", 32, "Prompt length.", **_D)
 flags.DEFINE_integer("batch", 1, "Batch size.", **_D)
@@ -213,7 +215,7 @@ def run() -> dict:
 
   # 1. Our sampler, with the reference defaults apart from the step count.
   sampler = SamplerConfig(max_denoising_steps=n_steps, max_new_tokens=new_tokens, canvas_length=c, stop_ids=(),
-                          cache_per_canvas=FLAGS.cache_per_canvas)
+                          cache_per_canvas=FLAGS.cache_per_canvas, token_stats=FLAGS.token_stats)
   ours, compile_s = compile_generate(params, config, prompt, valid, key, sampler)
   seconds, out = _median_time(lambda: ours(prompt, valid, key), FLAGS.repeats)
   passes = int(np.asarray(out.steps_per_canvas).sum())
@@ -262,7 +264,8 @@ def run() -> dict:
   # the sampler users run (adaptive stopping on), which a random checkpoint never stops early; a trained one may,
   # and then the fixed-step sampler is measured and the report says so. (In bf16-matmul mode XLA:CPU compiled the
   # fixed-step program ~0.7 ms/step slower, though it does less: a scheduling effect, not sampler work.)
-  one = SamplerConfig(max_denoising_steps=n_steps, max_new_tokens=c, canvas_length=c, stop_ids=())
+  one = SamplerConfig(max_denoising_steps=n_steps, max_new_tokens=c, canvas_length=c, stop_ids=(),
+                      token_stats=FLAGS.token_stats)
   sampler_one, _ = compile_generate(params, config, prompt, valid, key, one)
   if not (np.asarray(sampler_one(prompt, valid, key).steps_per_canvas) == n_steps).all():
     one = dataclasses.replace(one, adaptive_stopping=False)
@@ -322,6 +325,7 @@ def run() -> dict:
                              matmul_dtype=config.matmul_dtype or ours_dtype,
                              moe_impl=config.moe_impl, canvas=c,
                              canvases=FLAGS.canvases, cache_per_canvas=sampler.resolve(config).cache_per_canvas,
+                             token_stats=sampler.resolve(config).token_stats,
                              steps=n_steps, prompt_len=FLAGS.prompt_len, batch=b,
                              cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
                              ld_preload=os.environ.get("LD_PRELOAD") or None)  # e.g. scripts/spin_wait.c
@@ -341,6 +345,7 @@ def report(results: dict) -> str:
       f"matmuls {s.get('matmul_dtype', s['dtype'])}); batch {s['batch']}, prompt {s['prompt_len']}, "
       f"{s['canvases']} canvas(es) of {s['canvas']}"
       + ("" if s["canvases"] == 1 else f" (cache per canvas: {s.get('cache_per_canvas', False)})")
+      + f", token stats: {s.get('token_stats', 'xla')}"
       + f", {s['steps']} steps; {s['cpu_count']} CPU cores, "
       f"torch threads {s['torch_threads']}" + (f"; LD_PRELOAD={s['ld_preload']}" if s.get("ld_preload") else ""),
       "",

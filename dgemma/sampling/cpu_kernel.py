@@ -1,0 +1,180 @@
+"""The sampler's vocabulary-wide work as one CPU kernel (`token_stats.cc`, an XLA FFI custom call), with
+`acceptance.analyse` (plain XLA) as its reference and fallback.
+
+The kernel is compiled from source with the system C++ compiler (`$CXX`, else `g++`; `-O3 -march=native`) the
+first time a process needs it, and cached in `$DGEMMA_CACHE_DIR` (default `~/.cache/dgemma`) under a key of the
+source, the compiler, the jaxlib version and the CPU's features, so that a changed file or a different machine
+rebuilds (~5 s). `SamplerConfig(token_stats=...)` chooses: "auto" (the kernel on CPU backends where it builds and
+the vocabulary is a multiple of 16, with a one-time warning naming the reason if it fails to build), "cpu" (the
+kernel or a one-line error), "xla".
+
+Outputs against the reference: the same arg-max; the entropy and the probabilities within float32 rounding (the
+kernel's exp is a polynomial, accurate to ~1 ulp); the same sample except where the uniform lands within rounding
+of a cumulative-probability boundary (the sums run in another order), which the tests check against a float64
+inverse CDF.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+from jaxtyping import Array, Float
+
+from dgemma.sampling import acceptance
+
+IMPLS = ("auto", "cpu", "xla")
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "token_stats.cc")
+_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
+_TARGETS = {None: ("dgemma_token_stats", "DgemmaTokenStats"),
+            jnp.dtype(jnp.float32): ("dgemma_token_stats_f32", "DgemmaTokenStatsF32"),
+            jnp.dtype(jnp.bfloat16): ("dgemma_token_stats_bf16", "DgemmaTokenStatsBf16")}
+LANES = 16
+
+
+class KernelUnavailable(RuntimeError):
+  """The CPU kernel could not be built or loaded; the message says why, in one line."""
+
+
+def cache_dir() -> str:
+  return os.environ.get("DGEMMA_CACHE_DIR") or os.path.join(
+      os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dgemma")
+
+
+def _cpu_features() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      return next((line for line in f if line.startswith(("flags", "Features"))), "")
+  except OSError:
+    return platform.processor()
+
+
+def _build() -> str:
+  """The path of the compiled kernel for this source, compiler and machine, compiling it if it is not cached."""
+  compiler = os.environ.get("CXX") or "g++"
+  if shutil.which(compiler) is None:
+    raise KernelUnavailable(f"no C++ compiler {compiler!r} on PATH (set CXX to one)")
+  version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+  with open(_SOURCE, "rb") as f:
+    source = f.read()
+  key = hashlib.sha256(b"\0".join(
+      [source, compiler.encode(), version.encode(), " ".join(_FLAGS).encode(), jaxlib.__version__.encode(),
+       _cpu_features().encode()])
+  ).hexdigest()[:16]
+  path = os.path.join(cache_dir(), f"token_stats-{key}.so")
+  if os.path.exists(path):
+    return path
+  os.makedirs(cache_dir(), exist_ok=True)
+  fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache_dir())  # then renamed: a concurrent build never reads half
+  os.close(fd)
+  try:
+    result = subprocess.run([compiler, *_FLAGS, f"-I{jax.ffi.include_dir()}", _SOURCE, "-o", tmp],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+      lines = [line for line in result.stderr.splitlines() if "error" in line] or result.stderr.splitlines()
+      raise KernelUnavailable(f"{compiler} failed to compile {os.path.basename(_SOURCE)}: "
+                              f"{lines[0].strip() if lines else 'exit status ' + str(result.returncode)}")
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+  return path
+
+
+@functools.cache
+def _register() -> None:
+  library = ctypes.cdll.LoadLibrary(_build())
+  for name, symbol in _TARGETS.values():
+    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
+
+
+def load() -> None:
+  """Builds (if needed), loads and registers the kernel; KernelUnavailable with the reason if it cannot."""
+  try:
+    _register()
+  except KernelUnavailable:
+    raise
+  except (OSError, AttributeError) as e:  # a cached library that does not load: report it in one line
+    raise KernelUnavailable(f"the compiled kernel did not load: {e}") from None
+
+
+def kernel_block(vocab_size: int) -> int | None:
+  """The inverse CDF's first level for the kernel: the reference's block (`acceptance.block_size`) when it is a
+  multiple of 16, else the smallest multiple of 16 above it that divides the vocabulary; None when the vocabulary
+  is not a multiple of 16 (the kernel reads whole groups of 16)."""
+  if vocab_size % LANES:
+    return None
+  block = acceptance.block_size(vocab_size)
+  if block % LANES == 0:
+    return block
+  return next(k for k in range(LANES, vocab_size + 1, LANES) if k >= block and vocab_size % k == 0)
+
+
+@functools.cache
+def _warn_once(reason: str) -> None:
+  warnings.warn(f"dgemma: the sampler's CPU kernel is unavailable ({reason}); sampling runs the XLA path "
+                f"(token_stats='xla' chooses it without this warning)", RuntimeWarning, stacklevel=3)
+
+
+def resolve(choice: str, vocab_size: int) -> str:
+  """"cpu" or "xla" for a SamplerConfig's `token_stats` choice on the current default backend."""
+  if choice not in IMPLS:
+    raise ValueError(f"token_stats must be one of {IMPLS}, got {choice!r}")
+  if choice == "xla":
+    return "xla"
+  if choice == "cpu":
+    if jax.default_backend() != "cpu":
+      raise ValueError(f"token_stats='cpu' is a CPU kernel, but the default backend is {jax.default_backend()}")
+    if kernel_block(vocab_size) is None:
+      raise ValueError(f"token_stats='cpu' needs a vocabulary that is a multiple of {LANES}, got {vocab_size}")
+    try:
+      load()
+    except KernelUnavailable as e:
+      raise ValueError(f"token_stats='cpu': {e}") from None
+    return "cpu"
+  if jax.default_backend() != "cpu" or kernel_block(vocab_size) is None:
+    return "xla"
+  try:
+    load()
+  except KernelUnavailable as e:
+    _warn_once(str(e))
+    return "xla"
+  return "cpu"
+
+
+def token_stats(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "B C"],
+                temperature: float | Array = 1.0, probs_dtype=None) -> acceptance.TokenStats:
+  """`acceptance.analyse(logits, uniform, with_probs=probs_dtype is not None, temperature)` as one kernel call,
+  the probabilities (if asked for) written directly in `probs_dtype` (float32 or bfloat16).
+
+  `temperature` is a scalar or broadcastable to [B, C, 1], as for `analyse`."""
+  load()
+  shape, vocab = logits_BxCxV.shape[:-1], logits_BxCxV.shape[-1]
+  block = kernel_block(vocab)
+  if block is None:
+    raise ValueError(f"the CPU kernel needs a vocabulary that is a multiple of {LANES}, got {vocab}")
+  key = None if probs_dtype is None else jnp.dtype(probs_dtype)
+  if key not in _TARGETS:
+    raise ValueError(f"probs_dtype must be float32, bfloat16 or None, got {probs_dtype}")
+  inv_t = 1.0 / jnp.asarray(temperature, jnp.float32)
+  inv_t = jnp.broadcast_to(inv_t[..., 0] if inv_t.ndim else inv_t, shape)  # [B, C or 1, 1] -> [B, C]
+  results = [jax.ShapeDtypeStruct(shape, jnp.int32), jax.ShapeDtypeStruct(shape, jnp.float32),
+             jax.ShapeDtypeStruct(shape, jnp.int32)]
+  if key is not None:
+    results.append(jax.ShapeDtypeStruct(logits_BxCxV.shape, key))
+  out = jax.ffi.ffi_call(_TARGETS[key][0], results, vmap_method="broadcast_all")(
+      logits_BxCxV.astype(jnp.float32), jnp.broadcast_to(uniform_BxC, shape).astype(jnp.float32), inv_t,
+      block=np.int64(block))
+  return acceptance.TokenStats(argmax=out[0], entropy=out[1], sample=out[2],
+                               probs=out[3] if key is not None else None)
