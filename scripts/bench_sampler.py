@@ -117,15 +117,18 @@ def _context_switches() -> int | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _bare_program(config, steps: int, canvas_len: int, cache_len: int):
+def _bare_program(config, steps: int, canvas_len: int, cache_len: int, kernel_softmax: bool = False):
   """Prefill + `steps` denoiser passes that feed their logits back as self-conditioning: the network work of
   one canvas, without temperature, sampling, acceptance or stopping. `cache_len`: the prompt's length, for the
-  cache the sampler's first canvas reads (it has no slots for the canvas, which is never committed)."""
+  cache the sampler's first canvas reads (it has no slots for the canvas, which is never committed).
+  `kernel_softmax`: the self-conditioning softmax by the sampler's CPU kernel (in the dtype the sampler carries)
+  instead of `jax.nn.softmax`."""
   import jax
   import jax.numpy as jnp
 
   from dgemma.model.cache import init_cache
   from dgemma.model.transformer import DiffusionGemma
+  from dgemma.sampling import cpu_kernel
   from dgemma.sampling.generate import signal_is_probabilities
   model = DiffusionGemma(config)
 
@@ -144,8 +147,12 @@ def _bare_program(config, steps: int, canvas_len: int, cache_len: int):
       has_sc = jnp.broadcast_to(k > 0, (b,))
       if table is None:
         return model.apply(variables, canvas, cache, sc, has_sc, method=DiffusionGemma.denoise)
-      return model.apply(variables, canvas, cache, None, has_sc, jax.nn.softmax(sc, axis=-1), table,
-                         method=DiffusionGemma.denoise)
+      if kernel_softmax:
+        probs = cpu_kernel.token_stats(sc, jnp.zeros(sc.shape[:-1]), 1.0, probs_dtype=(
+            jnp.bfloat16 if config.matmul_dtype == "bfloat16" else jnp.float32)).probs
+      else:
+        probs = jax.nn.softmax(sc, axis=-1)
+      return model.apply(variables, canvas, cache, None, has_sc, probs, table, method=DiffusionGemma.denoise)
 
     sc = jnp.zeros((b, canvas_len, config.vocab_size), jnp.float32)  # the logits are float32 (unembed)
     return jnp.sum(jax.lax.fori_loop(0, steps, body, sc))
@@ -192,7 +199,7 @@ def run() -> dict:
   from dgemma.checkpoints import load_hf
   from dgemma.sampling import ARConfig, SamplerConfig
   from dgemma.sampling.autoregressive import compile_autoregressive
-  from dgemma.sampling.generate import compile_generate
+  from dgemma.sampling.generate import compile_generate, signal_is_probabilities
 
   tmp = None
   path = FLAGS.ckpt
@@ -280,6 +287,11 @@ def run() -> dict:
   bare_few = _bare_program(config, few, c, FLAGS.prompt_len)
   programs = dict(sampler=lambda: sampler_one(prompt, valid, key), bare=lambda: bare(params, prompt, canvas),
                   sampler_few=lambda: sampler_few(prompt, valid, key), bare_few=lambda: bare_few(params, prompt, canvas))
+  # With the CPU kernel, the sampler's softmax is faster than the bare passes' XLA one: also time bare passes that
+  # take their softmax from the kernel, so that what remains is the sampler's other work.
+  if one.resolve(config).token_stats == "cpu" and signal_is_probabilities(config):
+    bare_kernel = _bare_program(config, n_steps, c, FLAGS.prompt_len, kernel_softmax=True)
+    programs["bare_kernel"] = lambda: bare_kernel(params, prompt, canvas)
   for fn in programs.values():
     jax.block_until_ready(fn())  # compile
   # Back-to-back rounds of all four, so that a load change on a shared machine hits them alike; the median
@@ -303,6 +315,10 @@ def run() -> dict:
                              added_step_overhead=per_step["sampler"] / per_step["bare"] - 1.0,
                              sampler_fixed_ms=1e3 * (t["sampler_few"] - few * per_step["sampler"]),
                              bare_fixed_ms=1e3 * (t["bare_few"] - few * per_step["bare"]))
+  if "bare_kernel" in times:
+    results["overhead"]["bare_kernel_step_ms"] = 1e3 * t["bare_kernel"] / n_steps
+    results["overhead"]["overhead_vs_kernel_softmax"] = statistics.median(
+        a / b for a, b in zip(times["sampler"], times["bare_kernel"])) - 1.0
   if all(switches.values()):
     sw = {name: statistics.median(v) for name, v in switches.items()}
     for side in ("sampler", "bare"):
@@ -373,6 +389,9 @@ def report(results: dict) -> str:
     lines += [f"per added step ({o['few_steps']} against {s['steps']} steps): {o['sampler_added_step_ms']:.3f} vs "
               f"{o['bare_added_step_ms']:.3f} ms, {100 * o['added_step_overhead']:+.1f}%; paid once per call: "
               f"{o['sampler_fixed_ms']:.1f} vs {o['bare_fixed_ms']:.1f} ms"]
+  if "overhead_vs_kernel_softmax" in o:
+    lines += [f"against bare passes whose softmax is the kernel's too: {o['bare_kernel_step_ms']:.2f} ms/step; median "
+              f"paired ratio {100 * o['overhead_vs_kernel_softmax']:+.1f}%"]
   if "sampler_switches_per_step" in o:
     lines += [f"thread wake-ups (context switches) per added step: {o['sampler_switches_per_step']:.1f} sampler, "
               f"{o['bare_switches_per_step']:.1f} bare"]

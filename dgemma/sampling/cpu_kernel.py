@@ -23,6 +23,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import warnings
 
@@ -76,6 +77,8 @@ def _build() -> str:
   if os.path.exists(path):
     return path
   os.makedirs(cache_dir(), exist_ok=True)
+  print(f"dgemma: compiling the sampler's CPU kernel with {compiler} (once per machine; cached in {cache_dir()})",
+        file=sys.stderr, flush=True)
   fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache_dir())  # then renamed: a concurrent build never reads half
   os.close(fd)
   try:

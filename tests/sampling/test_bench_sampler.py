@@ -14,12 +14,14 @@ bench = load_script("scripts/bench_sampler.py")
 def test_context_switches_count_a_thread_that_sleeps_and_is_woken():
   woken = threading.Event()
   done = threading.Event()
+  release = threading.Event()  # the sleeper outlives the count: an ended thread's switches leave /proc
 
   def sleeper():
     for _ in range(20):  # each wait parks the thread until the main thread wakes it
       woken.wait()
       woken.clear()
       done.set()
+    release.wait()
 
   thread = threading.Thread(target=sleeper)
   thread.start()
@@ -29,6 +31,7 @@ def test_context_switches_count_a_thread_that_sleeps_and_is_woken():
     woken.set()
     done.wait()
   after = bench._context_switches()
+  release.set()
   thread.join()
   # Every round parks at least one of the two threads in a wait that the other one ends.
   assert after - before >= 20
