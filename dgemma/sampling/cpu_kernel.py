@@ -96,20 +96,25 @@ def _build() -> str:
 
 
 @functools.cache
-def _register() -> None:
-  library = ctypes.cdll.LoadLibrary(_build())
-  for name, symbol in _TARGETS.values():
-    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
+def _register() -> str | None:
+  """Builds, loads and registers the kernel once per process: None, or why it could not (a failed build is not
+  retried on every sampler call)."""
+  try:
+    library = ctypes.cdll.LoadLibrary(_build())
+    for name, symbol in _TARGETS.values():
+      jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
+  except KernelUnavailable as e:
+    return str(e)
+  except (OSError, AttributeError) as e:  # a cached library that does not load: say so in one line
+    return f"the compiled kernel did not load: {e}"
+  return None
 
 
 def load() -> None:
   """Builds (if needed), loads and registers the kernel; KernelUnavailable with the reason if it cannot."""
-  try:
-    _register()
-  except KernelUnavailable:
-    raise
-  except (OSError, AttributeError) as e:  # a cached library that does not load: report it in one line
-    raise KernelUnavailable(f"the compiled kernel did not load: {e}") from None
+  reason = _register()
+  if reason is not None:
+    raise KernelUnavailable(reason)
 
 
 def kernel_block(vocab_size: int) -> int | None:

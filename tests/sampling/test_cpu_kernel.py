@@ -137,10 +137,20 @@ def test_choice(kernel):
 
 
 def test_no_compiler(monkeypatch, tmp_path):
-  """Without a compiler: 'auto' warns once, naming the reason, and runs XLA; 'cpu' is a one-line error."""
+  """Without a compiler: 'auto' warns once, naming the reason, and runs XLA; 'cpu' is a one-line error; the build
+  is tried once."""
   module = importlib.reload(cpu_kernel)  # a fresh module: nothing built or registered in its caches
+  try:
+    _check_no_compiler(module, monkeypatch, tmp_path)
+  finally:
+    importlib.reload(cpu_kernel)  # the failure is cached per process: later tests start afresh
+
+
+def _check_no_compiler(module, monkeypatch, tmp_path):
   monkeypatch.setenv("CXX", "no-such-compiler-dgemma")
   monkeypatch.setenv("DGEMMA_CACHE_DIR", str(tmp_path))
+  builds, build = [], module._build
+  monkeypatch.setattr(module, "_build", lambda: (builds.append(1), build())[1])
   with pytest.raises(module.KernelUnavailable, match="no C\\+\\+ compiler 'no-such-compiler-dgemma'"):
     module.load()
   with warnings.catch_warnings(record=True) as caught:
@@ -151,4 +161,5 @@ def test_no_compiler(monkeypatch, tmp_path):
   assert len(messages) == 1 and "no-such-compiler-dgemma" in messages[0]
   with pytest.raises(ValueError, match="token_stats='cpu': no C\\+\\+ compiler"):
     module.resolve("cpu", 64)
+  assert len(builds) == 1  # tried once per process, not on every sampler call
   assert list(tmp_path.iterdir()) == []
