@@ -73,7 +73,8 @@ def analyse(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "B C"
   block_max = jnp.max(blocks, axis=-1)
   top = max_last_axis(block_max)
   top_blk = _first_true(block_max == top[..., None])
-  argmax = top_blk * k + _first_true(_take_block(blocks, top_blk) == top[..., None])
+  # (Clamped: a row whose top is NaN matches nowhere; its entropy is NaN, and its arg-max stays a token id.)
+  argmax = jnp.minimum(top_blk * k + _first_true(_take_block(blocks, top_blk) == top[..., None]), nb * k - 1)
 
   # Clamped like torch's Categorical, so that a -inf logit adds 0 * finite (not NaN) to the entropy.
   # (Times 1 / temperature: within one rounding of HF's division.)
@@ -96,12 +97,13 @@ def analyse(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "B C"
 
   block_cdf = jnp.cumsum(block_mass, axis=-1)
   target = uniform_BxC * block_cdf[..., -1]
-  last_block = nb - 1 - _first_true(jnp.flip(block_mass > 0, axis=-1))
+  # (At least 0: a broken row, NaN or all -inf, has no block with mass; its entropy is NaN, its draw still a token.)
+  last_block = jnp.maximum(nb - 1 - _first_true(jnp.flip(block_mass > 0, axis=-1)), 0)
   blk = jnp.minimum(jnp.sum(block_cdf <= target[..., None], axis=-1), last_block)
   before = jnp.where(blk > 0, jnp.take_along_axis(block_cdf, jnp.maximum(blk - 1, 0)[..., None], -1)[..., 0], 0.0)
   inner = _take_block(e, blk)
   inner_cdf = before[..., None] + jnp.cumsum(inner, axis=-1)
-  last_nonzero = k - 1 - _first_true(jnp.flip(inner > 0, axis=-1))
+  last_nonzero = jnp.maximum(k - 1 - _first_true(jnp.flip(inner > 0, axis=-1)), 0)
   within = jnp.minimum(jnp.sum(inner_cdf <= target[..., None], axis=-1), last_nonzero)
   return TokenStats(argmax=argmax, entropy=entropy, sample=(blk * k + within).astype(jnp.int32), probs=probs)
 

@@ -4,14 +4,14 @@
 The kernel is compiled from source with the system C++ compiler (`$CXX`, else `g++`; `-O3 -march=native`) the
 first time a process needs it, and cached in `$DGEMMA_CACHE_DIR` (default `~/.cache/dgemma`) under a key of the
 source, the compiler, the jaxlib version and the CPU's features, so that a changed file or a different machine
-rebuilds (~5 s). `SamplerConfig(token_stats=...)` chooses: "auto" (the kernel on CPU backends where it builds and
-the vocabulary is a multiple of 16, with a one-time warning naming the reason if it fails to build), "cpu" (the
+rebuilds (~5 s). `SamplerConfig(token_stats=...)` chooses: "auto" (the kernel on a single CPU device where it builds
+and the vocabulary is a multiple of 16, with a one-time warning naming the reason if it fails to build), "cpu" (the
 kernel or a one-line error), "xla".
 
 Outputs against the reference: the same arg-max; the entropy and the probabilities within float32 rounding (the
-kernel's exp is a polynomial, accurate to ~1 ulp); the same sample except where the uniform lands within rounding
-of a cumulative-probability boundary (the sums run in another order), which the tests check against a float64
-inverse CDF.
+kernel's exp is a polynomial after Cody-Waite range reduction, within ~1 ulp); the same sample except where the
+uniform lands within rounding of a cumulative-probability boundary (the sums run in another order), which the
+tests check against a float64 inverse CDF.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -61,51 +62,74 @@ def _cpu_features() -> str:
     return platform.processor()
 
 
-def _build() -> str:
-  """The path of the compiled kernel for this source, compiler and machine, compiling it if it is not cached."""
-  compiler = os.environ.get("CXX") or "g++"
-  if shutil.which(compiler) is None:
-    raise KernelUnavailable(f"no C++ compiler {compiler!r} on PATH (set CXX to one)")
-  version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+def _compiler() -> list[str]:
+  return shlex.split(os.environ.get("CXX") or "g++")  # e.g. CXX="ccache g++"
+
+
+def _library_path() -> str:
+  """Where the kernel compiled from this source, with this compiler, for this machine is cached."""
+  compiler = _compiler()
+  if not compiler or shutil.which(compiler[0]) is None:
+    raise KernelUnavailable(f"no C++ compiler {' '.join(compiler)!r} on PATH (set CXX to one)")
+  try:
+    version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+  except (OSError, subprocess.TimeoutExpired) as e:
+    raise KernelUnavailable(f"cannot run the C++ compiler {' '.join(compiler)!r}: {e}") from None
   with open(_SOURCE, "rb") as f:
     source = f.read()
   key = hashlib.sha256(b"\0".join(
-      [source, compiler.encode(), version.encode(), " ".join(_FLAGS).encode(), jaxlib.__version__.encode(),
-       _cpu_features().encode()])
-  ).hexdigest()[:16]
-  path = os.path.join(cache_dir(), f"token_stats-{key}.so")
-  if os.path.exists(path):
-    return path
-  os.makedirs(cache_dir(), exist_ok=True)
-  print(f"dgemma: compiling the sampler's CPU kernel with {compiler} (once per machine; cached in {cache_dir()})",
-        file=sys.stderr, flush=True)
-  fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache_dir())  # then renamed: a concurrent build never reads half
-  os.close(fd)
+      [source, " ".join(compiler).encode(), version.encode(), " ".join(_FLAGS).encode(), jaxlib.__version__.encode(),
+       _cpu_features().encode()])).hexdigest()[:16]
+  return os.path.join(cache_dir(), f"token_stats-{key}.so")
+
+
+def _build(path: str) -> None:
+  """Compiles the kernel to `path` (written under another name and renamed: a concurrent build never reads half)."""
+  compiler = _compiler()
+  print(f"dgemma: compiling the sampler's CPU kernel with {' '.join(compiler)} (once per machine; cached in "
+        f"{cache_dir()})", file=sys.stderr, flush=True)
   try:
-    result = subprocess.run([compiler, *_FLAGS, f"-I{jax.ffi.include_dir()}", _SOURCE, "-o", tmp],
-                            capture_output=True, text=True)
+    os.makedirs(cache_dir(), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache_dir())
+    os.close(fd)
+  except OSError as e:
+    raise KernelUnavailable(f"cannot write the kernel cache {cache_dir()} ({e.strerror}); set DGEMMA_CACHE_DIR "
+                            f"to a writable directory") from None
+  try:
+    result = subprocess.run([*compiler, *_FLAGS, f"-I{jax.ffi.include_dir()}", _SOURCE, "-o", tmp],
+                            capture_output=True, text=True, timeout=600)
     if result.returncode != 0:
       lines = [line for line in result.stderr.splitlines() if "error" in line] or result.stderr.splitlines()
-      raise KernelUnavailable(f"{compiler} failed to compile {os.path.basename(_SOURCE)}: "
+      raise KernelUnavailable(f"{' '.join(compiler)} failed to compile {os.path.basename(_SOURCE)}: "
                               f"{lines[0].strip() if lines else 'exit status ' + str(result.returncode)}")
     os.replace(tmp, path)
+  except (OSError, subprocess.TimeoutExpired) as e:
+    raise KernelUnavailable(f"compiling {os.path.basename(_SOURCE)} failed: {e}") from None
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
-  return path
 
 
 @functools.cache
 def _register() -> str | None:
   """Builds, loads and registers the kernel once per process: None, or why it could not (a failed build is not
-  retried on every sampler call)."""
+  retried on every sampler call). A cached library that does not load (say, built against another libstdc++) is
+  rebuilt once."""
   try:
-    library = ctypes.cdll.LoadLibrary(_build())
+    path = _library_path()
+    if not os.path.exists(path):
+      _build(path)
+    try:
+      library = ctypes.cdll.LoadLibrary(path)
+    except OSError:
+      os.remove(path)
+      _build(path)
+      library = ctypes.cdll.LoadLibrary(path)
     for name, symbol in _TARGETS.values():
       jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
   except KernelUnavailable as e:
     return str(e)
-  except (OSError, AttributeError) as e:  # a cached library that does not load: say so in one line
+  except (OSError, AttributeError) as e:  # a library that still does not load: say so in one line
     return f"the compiled kernel did not load: {e}"
   return None
 
@@ -151,7 +175,8 @@ def resolve(choice: str, vocab_size: int) -> str:
     except KernelUnavailable as e:
       raise ValueError(f"token_stats='cpu': {e}") from None
     return "cpu"
-  if jax.default_backend() != "cpu" or kernel_block(vocab_size) is None:
+  # (Several devices: XLA would gather every row to each device for a custom call it cannot partition.)
+  if jax.default_backend() != "cpu" or kernel_block(vocab_size) is None or jax.device_count() > 1:
     return "xla"
   try:
     load()
@@ -176,7 +201,7 @@ def token_stats(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "
   if key not in _TARGETS:
     raise ValueError(f"probs_dtype must be float32, bfloat16 or None, got {probs_dtype}")
   inv_t = 1.0 / jnp.asarray(temperature, jnp.float32)
-  inv_t = jnp.broadcast_to(inv_t[..., 0] if inv_t.ndim else inv_t, shape)  # [B, C or 1, 1] -> [B, C]
+  inv_t = jnp.broadcast_to(inv_t, shape + (1,))[..., 0]  # a scalar, [B, 1, 1] or [B, C, 1] -> [B, C]
   results = [jax.ShapeDtypeStruct(shape, jnp.int32), jax.ShapeDtypeStruct(shape, jnp.float32),
              jax.ShapeDtypeStruct(shape, jnp.int32)]
   if key is not None:

@@ -82,8 +82,8 @@ class SamplerConfig:
   cache_per_canvas: bool | None = None
   # How the step's vocabulary-wide work (arg-max, entropy, sample, self-conditioning probabilities) runs: "cpu",
   # one C++ kernel (`cpu_kernel`; ~0.3 ms less per step on the benchmark's model); "xla", `acceptance.analyse`;
-  # "auto", the kernel on a CPU backend where it builds (with a warning naming the reason where it does not) and the
-  # vocabulary is a multiple of 16, else XLA. The same tokens up to float32 rounding.
+  # "auto", the kernel on a single CPU device where it builds (with a warning naming the reason where it does not)
+  # and the vocabulary is a multiple of 16, else XLA. The same tokens up to float32 rounding.
   token_stats: str = "auto"
 
   def __post_init__(self):

@@ -37,25 +37,25 @@ inline void Store(float* p, F v) { std::memcpy(p, &v, sizeof v); }
 inline F Splat(float x) { return F{} + x; }
 inline float Sum(F v) { float s = 0.0f; for (int j = 0; j < kLanes; ++j) s += v[j]; return s; }
 
-// exp(x) for x <= 0: 2^n * 2^f with n = round(x / ln 2) and |f| <= 1/2, 2^f by its Taylor polynomial of degree 7
-// in f ln 2 (truncation error < 1e-8 relative, below float32's rounding). Results below 2^-126, float32's
-// smallest normal, are 0, as XLA:CPU gives with denormals flushed.
+// exp(x) for x <= 0: 2^n * e^r with n = round(x / ln 2) and r = x - n ln 2 (Cody-Waite: ln 2 in two parts, so r
+// is exact to float32 rounding even for large |x|), |r| <= ln(2) / 2, e^r by its Taylor polynomial of degree 7
+// (truncation error < 1e-8 relative). Results below 2^-126, float32's smallest normal, are 0, as XLA:CPU gives
+// with denormals flushed.
 inline F ExpNonPositive(F x) {
   F t = x * 1.44269504088896341f;
-  t = t < Splat(-126.0f) ? Splat(-127.0f) : t;
+  t = t < Splat(-126.0f) ? Splat(-127.0f) : t;  // (then r may be huge, but the result is replaced by 0 below)
   const F magic = Splat(12582912.0f);  // 1.5 * 2^23: adding and subtracting it rounds |t| < 2^22 to an integer
-  F n = (t + magic) - magic;
-  F y = (t - n) * 0.69314718055994531f;
-  F p = 1.0f + y * (1.0f + y * (0.5f + y * (1.0f / 6 + y * (1.0f / 24 + y * (1.0f / 120 + y * (1.0f / 720 +
-        y * (1.0f / 5040)))))));
-  I bits = (__builtin_convertvector(n, I) + 127) << 23;
-  F scale = reinterpret_cast<F&>(bits);
-  return n <= Splat(-127.0f) ? Splat(0.0f) : p * scale;
+  const F n = (t + magic) - magic;
+  const F r = (x - n * 0.693359375f) - n * -2.12194440e-4f;  // ln 2 = 0.693359375 - 2.12194440e-4
+  const F p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720 +
+              r * (1.0f / 5040)))))));
+  const I bits = (__builtin_convertvector(n, I) + 127) << 23;
+  return n <= Splat(-127.0f) ? Splat(0.0f) : p * (F)bits;  // (a vector cast reinterprets the bits)
 }
 
 // float32 -> bfloat16, rounding to nearest even (the inputs are finite probabilities).
 inline H ToBf16(F x) {
-  U b = reinterpret_cast<U&>(x);
+  U b = (U)x;  // the bits
   b = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
   return __builtin_convertvector(b, H);
 }
@@ -72,31 +72,28 @@ struct RowStats {
 template <Probs kProbs>
 RowStats Row(const float* logits, int64_t v, int64_t block, float uniform, float inv_t, float* scratch,
              void* probs) {
-  // The maximum and its first index: per lane, the first index at which the lane's maximum was reached. A NaN
-  // logit makes the entropy NaN (as in the reference), so that a broken model's step accepts nothing.
+  // The maximum and its first index: per lane, the first index at which the lane's maximum was reached.
   F m = Load(logits);
   I iota, at;
   for (int j = 0; j < kLanes; ++j) iota[j] = j;
   at = iota;
-  I nan = m != m;
   for (int64_t i = kLanes; i < v; i += kLanes) {
     F x = Load(logits + i);
     I greater = x > m;
     m = greater ? x : m;
     at = greater ? iota + static_cast<int32_t>(i) : at;
-    nan |= x != x;
   }
   float top = m[0];
   for (int j = 1; j < kLanes; ++j) top = m[j] > top ? m[j] : top;
   int32_t argmax = std::numeric_limits<int32_t>::max();
-  bool any_nan = false;
-  for (int j = 0; j < kLanes; ++j) {
+  for (int j = 0; j < kLanes; ++j)
     if (m[j] == top && at[j] < argmax) argmax = at[j];
-    any_nan |= nan[j] != 0;
-  }
+  if (argmax >= v) argmax = static_cast<int32_t>(v - 1);  // a NaN top matches no lane (the reference clamps too)
 
-  // z = max((logits - top) / t, lowest), so that a -inf logit adds 0 * finite (not NaN) to the entropy's sum;
-  // e = exp(z), kept in scratch; the block masses and sum(e * z) in the same pass. H = log Z - sum(e * z) / Z.
+  // z = max((logits - top) / t, lowest), so that a -inf logit adds 0 * finite (not NaN) to the entropy's sum,
+  // while a NaN stays NaN (a NaN logit, +inf - +inf, -inf - -inf): then the entropy is NaN, as in the reference,
+  // and the step accepts nothing there. e = exp(z), kept in scratch; the block masses and sum(e * z) in the same
+  // pass. H = log Z - sum(e * z) / Z.
   const int64_t nb = v / block;
   float* e = scratch;
   float* mass = scratch + v;
@@ -109,7 +106,7 @@ RowStats Row(const float* logits, int64_t v, int64_t block, float uniform, float
     F mass_v = Splat(0.0f);
     for (int64_t i = b * block; i < (b + 1) * block; i += kLanes) {
       F z = (Load(logits + i) - top_v) * inv_t_v;
-      z = z > lowest ? z : lowest;
+      z = z < lowest ? lowest : z;
       F x = ExpNonPositive(z);
       Store(e + i, x);
       mass_v += x;
@@ -119,8 +116,7 @@ RowStats Row(const float* logits, int64_t v, int64_t block, float uniform, float
     total += mass[b];
     cdf[b] = total;
   }
-  const float entropy = any_nan ? std::numeric_limits<float>::quiet_NaN()
-                                : std::log(total) - Sum(weighted_v) / total;
+  const float entropy = std::log(total) - Sum(weighted_v) / total;
 
   // Inverse CDF in two levels, as the reference: the block whose cumulative mass first exceeds the target
   // (clamped to the last block with mass), then the token inside it (clamped to its last token with mass).
@@ -198,7 +194,7 @@ ffi::Error Run(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits, ffi::Buffer<f
   const int64_t chunks = (rows + chunk - 1) / chunk;
   auto progress = std::make_shared<Progress>();
   auto work = [=](Progress& p) {
-    std::vector<float> scratch(v + 2 * (v / block));
+    std::vector<float> scratch;  // allocated once a chunk is claimed: a task that starts late needs none
     for (;;) {
       p.busy.fetch_add(1, std::memory_order_acq_rel);
       const int64_t c = p.next.fetch_add(1, std::memory_order_acq_rel);
@@ -206,6 +202,7 @@ ffi::Error Run(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits, ffi::Buffer<f
         p.busy.fetch_sub(1, std::memory_order_acq_rel);
         return;
       }
+      scratch.resize(v + 2 * (v / block));
       for (int64_t r = c * chunk; r < std::min(rows, (c + 1) * chunk); ++r) {
         void* row_probs = kProbs == kNone ? nullptr : static_cast<char*>(probs) + r * v * probs_bytes;
         const RowStats out = Row<kProbs>(l + r * v, v, block, u[r], t[r], scratch.data(), row_probs);
