@@ -160,30 +160,27 @@ def _warn_once(reason: str) -> None:
 
 
 def resolve(choice: str, vocab_size: int) -> str:
-  """"cpu" or "xla" for a SamplerConfig's `token_stats` choice on the current default backend."""
+  """"cpu" or "xla" for a SamplerConfig's `token_stats` choice on the current default backend: "cpu" refuses in one
+  line where the kernel cannot run; "auto" then takes XLA, warning once if only the build failed."""
   if choice not in IMPLS:
     raise ValueError(f"token_stats must be one of {IMPLS}, got {choice!r}")
   if choice == "xla":
     return "xla"
-  if choice == "cpu":
-    if jax.default_backend() != "cpu":
-      raise ValueError(f"token_stats='cpu' is a CPU kernel, but the default backend is {jax.default_backend()}")
-    if kernel_block(vocab_size) is None:
-      raise ValueError(f"token_stats='cpu' needs a vocabulary that is a multiple of {LANES}, got {vocab_size}")
-    try:
-      load()
-    except KernelUnavailable as e:
-      raise ValueError(f"token_stats='cpu': {e}") from None
+  if jax.default_backend() != "cpu":
+    unfit = f"it is a CPU kernel, but the default backend is {jax.default_backend()}"
+  elif kernel_block(vocab_size) is None:
+    unfit = f"it needs a vocabulary that is a multiple of {LANES}, got {vocab_size}"
+  elif choice == "auto" and jax.device_count() > 1:  # XLA would gather every row to each device for the call
+    unfit = "several devices"
+  else:
+    unfit = _register()  # None once built and registered, else why not
+    if unfit is not None and choice == "auto":
+      _warn_once(unfit)
+  if unfit is None:
     return "cpu"
-  # (Several devices: XLA would gather every row to each device for a custom call it cannot partition.)
-  if jax.default_backend() != "cpu" or kernel_block(vocab_size) is None or jax.device_count() > 1:
-    return "xla"
-  try:
-    load()
-  except KernelUnavailable as e:
-    _warn_once(str(e))
-    return "xla"
-  return "cpu"
+  if choice == "cpu":
+    raise ValueError(f"token_stats='cpu': {unfit}")
+  return "xla"
 
 
 def token_stats(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "B C"],
