@@ -2,7 +2,7 @@
 training trajectory, e.g. the last checkpoints of a run and of the run it continued):
 
     python scripts/export_model.py --workdir=workdirs/RUN --step=2500 --out=workdirs/RUN/model_2500
-    python scripts/average_models.py --ckpt=assets/sudoku-small-17700steps,workdirs/RUN/model_2500,workdirs/RUN/model \
+    python scripts/average_models.py --ckpt=workdirs/sft_sudoku_14200_rb10/model,workdirs/RUN/model_2500,workdirs/RUN/model \
         --out=workdirs/soup
 
 The sampler settings and task recorded in the output are the first checkpoint's.

@@ -1,7 +1,7 @@
 """Write a deeper copy of a trained model that computes exactly the same logits (dgemma/grow.py), to train on with
 `init_from` and the new depth:
 
-    python scripts/grow_model.py --ckpt=assets/sudoku-small-9200steps --out=workdirs/sudoku_grown12   # 6 -> 12
+    python scripts/grow_model.py --ckpt=workdirs/sft_sudoku_default2500_long4/model --out=workdirs/sudoku_grown12   # 6 -> 12
     python scripts/grow_model.py --ckpt=CKPT --out=OUT --insert_after=1,3,5                           # 6 -> 9
     python train.py --config=configs/sft_sudoku.py --config.init_from=workdirs/sudoku_grown12 \
         --config.model.num_layers=12 ...

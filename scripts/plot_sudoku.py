@@ -4,7 +4,7 @@ and puzzle accuracy against the number of denoising steps (evaluated now, with s
 
     pip install -e '.[plots]'
     python scripts/plot_sudoku.py --workdir=workdirs/sft_sudoku --compare="AR baseline=workdirs/sft_sudoku_ar" \
-        --data=data/sudoku_eval_1000.npz --steps=1,2,4,8,12,24,48 --limit=256 --out_dir=assets/plots
+        --data=data/sudoku_eval_1000.npz --steps=1,2,4,8,12,24,48 --limit=256 --out_dir=docs/figures
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir (tb/ and model
 _DATA = flags.DEFINE_string("data", "", "Held-out puzzles for the accuracy-vs-steps curve ('' to skip it).")
 _STEPS = flags.DEFINE_list("steps", ["1", "2", "4", "8", "12", "24", "48"], "Max denoising steps to evaluate.")
 _LIMIT = flags.DEFINE_integer("limit", 256, "Puzzles per evaluation.")
-_OUT_DIR = flags.DEFINE_string("out_dir", "assets/plots", "Where the PNGs go.")
+_OUT_DIR = flags.DEFINE_string("out_dir", "docs/figures", "Where the PNGs go.")
 _COMPARE = flags.DEFINE_list("compare", [], "Other runs for the accuracy-over-training plot: LABEL=WORKDIR,...")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
