@@ -9,7 +9,7 @@
 # Each stage has its own time limit and a failing stage does not stop the next; gpu_check.log has everything.
 #
 #   bash scripts/gpu_check.sh OUT_DIR [TRAIN_MINUTES=5] [INIT=assets/sudoku-small-12layers-h200]
-# Needs data/sudoku_eval_1000.npz (README: Results) and the packages of pyproject.toml.
+# Needs data/sudoku_eval_1000.npz (docs/sudoku.md, Commands) and the packages of pyproject.toml.
 set -u
 out=${1:?usage: bash scripts/gpu_check.sh OUT_DIR [TRAIN_MINUTES] [INIT]}
 train_minutes=${2:-5}
