@@ -20,7 +20,8 @@ import time
 
 from absl import flags
 
-from dgemma import cli, huge_pages
+from dgemma import cli
+from dgemma.cpu import huge_pages
 from dgemma.config import MOE_IMPLS
 
 FLAGS = flags.FlagValues()  # private: this module can be imported next to other scripts
@@ -364,5 +365,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-  huge_pages.restart_with_huge_pages()  # faster XLA:CPU buffers (dgemma/huge_pages.py)
+  huge_pages.restart_with_huge_pages()  # faster XLA:CPU buffers (dgemma/cpu/huge_pages.py)
   cli.exit(main(sys.argv))

@@ -24,7 +24,8 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from dgemma import checkpoints, cli, huge_pages, model, sharding
+from dgemma import checkpoints, cli, model, sharding
+from dgemma.cpu import huge_pages
 from dgemma.checkpoints.native import config_to_dict
 from dgemma.data import sudoku, sudoku_formats, sudoku_task, sudoku_text
 from dgemma.data.tokenizer import load_tokenizer
@@ -307,5 +308,5 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-  huge_pages.restart_with_huge_pages()  # 12% faster CPU steps (dgemma/huge_pages.py)
+  huge_pages.restart_with_huge_pages()  # faster XLA:CPU buffers (dgemma/cpu/huge_pages.py)
   app.run(main, flags_parser=parse_flags)

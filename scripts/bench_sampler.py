@@ -32,7 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from absl import flags  # noqa: E402
 
-from dgemma import cli, huge_pages  # noqa: E402
+from dgemma import cli  # noqa: E402
+from dgemma.cpu import huge_pages  # noqa: E402
 from dgemma.config import MOE_IMPLS  # noqa: E402
 
 FLAGS = flags.FlagValues()
@@ -128,7 +129,7 @@ def _bare_program(config, steps: int, canvas_len: int, cache_len: int, kernel_so
 
   from dgemma.model.cache import init_cache
   from dgemma.model.transformer import DiffusionGemma
-  from dgemma.sampling import cpu_kernel
+  from dgemma.cpu import token_stats as cpu_kernel
   from dgemma.sampling.generate import signal_is_probabilities
   model = DiffusionGemma(config)
 
@@ -418,5 +419,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-  huge_pages.restart_with_huge_pages()  # faster XLA:CPU buffers (dgemma/huge_pages.py)
+  huge_pages.restart_with_huge_pages()  # faster XLA:CPU buffers (dgemma/cpu/huge_pages.py)
   sys.exit(main(sys.argv))

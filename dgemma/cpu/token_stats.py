@@ -4,7 +4,7 @@
 The kernel is compiled from source with the system C++ compiler (`$CXX`, else `g++`; `-O3 -march=native`) the
 first time a process needs it, and cached in `$DGEMMA_CACHE_DIR` (default `~/.cache/dgemma`) under a key of the
 source, the compiler, the jaxlib version and the CPU's features, so that a changed file or a different machine
-rebuilds (~5 s). `SamplerConfig(token_stats=...)` chooses: "auto" (the kernel on a single CPU device where it builds
+rebuilds. `SamplerConfig(token_stats=...)` chooses: "auto" (the kernel on a single CPU device where it builds
 and the vocabulary is a multiple of 16, with a one-time warning naming the reason if it fails to build), "cpu" (the
 kernel or a one-line error), "xla".
 
