@@ -102,7 +102,7 @@ def _median_time(fn, repeats: int):
 def _context_switches() -> int | None:
   """Context switches so far, summed over this process's threads (Linux /proc), or None where unavailable. Each
   one a timed program adds is a thread that had gone to sleep and was woken: on XLA:CPU, mostly a parallel
-  operation handing work to an idle worker (scripts/handoff_latency.c measures what a wake-up costs)."""
+  operation handing work to an idle worker (tools/handoff_latency.c measures what a wake-up costs)."""
   try:
     threads = os.listdir("/proc/self/task")
   except OSError:
@@ -345,7 +345,7 @@ def run() -> dict:
                              token_stats=sampler.resolve(config).token_stats,
                              steps=n_steps, prompt_len=FLAGS.prompt_len, batch=b,
                              cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
-                             ld_preload=os.environ.get("LD_PRELOAD") or None)  # e.g. scripts/spin_wait.c
+                             ld_preload=os.environ.get("LD_PRELOAD") or None)  # e.g. tools/spin_wait.c
   if tmp is not None:
     tmp.cleanup()
   return results
