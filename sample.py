@@ -198,7 +198,7 @@ def _sampler_config(metadata: dict | None = None):
 
 
 def _load(path: str):
-  from dgemma.checkpoints import load_model
+  from dgemma.loading import load_model
   if not os.path.exists(path):
     raise ValueError(f"checkpoint {path} does not exist")
   try:

@@ -24,7 +24,7 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from dgemma import checkpoints, cli, model, sharding
+from dgemma import checkpoints, cli, loading, model, sharding
 from dgemma.cpu import huge_pages
 from dgemma.checkpoints.native import config_to_dict
 from dgemma.data import sudoku, sudoku_formats, sudoku_task, sudoku_text
@@ -66,7 +66,7 @@ def build_model(c: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = N
     shardings = sharding.tree_shardings(model.param_shapes(config), mesh, rules)
     init = jax.jit(lambda rng: model.init_params(config, rng), out_shardings=shardings)
     return config, init(jax.random.key(c.seed)), {}
-  config, params, metadata = checkpoints.load_model(os.path.expanduser(c.init_from))
+  config, params, metadata = loading.load_model(os.path.expanduser(c.init_from))
   for key, value in overrides.items():
     value = tuple(value) if isinstance(value, list) else value
     if key not in _RUNTIME_FIELDS and getattr(config, key) != value:

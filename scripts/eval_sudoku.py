@@ -223,7 +223,7 @@ def run() -> int:
     raise ValueError(f"--ar_temperature must be >= 0, got {FLAGS.ar_temperature}")
   cli.check_seed(FLAGS.seed)
   data = load_data(FLAGS.data, FLAGS.limit)
-  from dgemma.checkpoints import load_model
+  from dgemma.loading import load_model
   if not os.path.exists(FLAGS.ckpt):
     raise ValueError(f"checkpoint {FLAGS.ckpt} does not exist")
   try:

@@ -15,23 +15,14 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from dgemma.config import ModelConfig
+# (shared with the Pallas kernels, whose references they are; max_last_axis is re-exported for the sampler)
+from pallas_kernels.reference import experts_sorted, geglu_fused, gelu_tanh, max_last_axis
 
 init_normal = nn.initializers.normal(stddev=0.02)
 
 
 def param_dtype(config: ModelConfig) -> jnp.dtype:
   return jnp.dtype(config.param_dtype)
-
-
-def max_last_axis(x: Array) -> Array:
-  """max over the last axis as halving elementwise maxima (the same value: max is exact in any order), which XLA
-  fuses into small loop kernels. On XLA:CPU a reduction op costs a fixed ~15-35 us: the attention softmax of a
-  denoising step (4 x 64 queries, 160 keys) took ~47 us with the reduction, ~30 us with this."""
-  while x.shape[-1] > 1:
-    half = x.shape[-1] // 2
-    head = jnp.maximum(x[..., :half], x[..., half:2 * half])
-    x = head if x.shape[-1] % 2 == 0 else jnp.concatenate([head, x[..., -1:]], axis=-1)
-  return x[..., 0]
 
 
 def rms_norm(x: Array, scale: Array | None, eps: float) -> Array:
@@ -147,10 +138,6 @@ def token_matmul(x: Array, w: Array, contract_dims: int = 1, operand_dtype: str 
   return y.reshape(x.shape[:x.ndim - contract_dims] + w.shape[contract_dims:])
 
 
-def gelu_tanh(x: Array) -> Array:
-  return jax.nn.gelu(x, approximate=True)
-
-
 class GeGLU(nn.Module):
   """down(gelu_tanh(x·gate) ⊙ (x·up)), no biases. Used by the dense branch and self-conditioning."""
   hidden: int
@@ -171,12 +158,6 @@ class GeGLU(nn.Module):
     return mm(h, down)
 
 
-def geglu_fused(gate_up: Array) -> Array:
-  """gelu_tanh(gate) ⊙ up for the experts' fused [gate | up] projection."""
-  gate, up = jnp.split(gate_up, 2, axis=-1)
-  return gelu_tanh(gate) * up
-
-
 def route(x_TxD: Array, router_w_DxE: Array, router_scale_D: Array, per_expert_scale_E: Array,
           top_k: int, eps: float) -> tuple[Array, Array]:
   """Router on the un-normalised residual: softmax (fp32), top-k, renormalise, per-expert scale."""
@@ -187,26 +168,6 @@ def route(x_TxD: Array, router_w_DxE: Array, router_scale_D: Array, per_expert_s
   weights_TxK = weights_TxK / jnp.sum(weights_TxK, axis=-1, keepdims=True)
   weights_TxK = weights_TxK * per_expert_scale_E[experts_TxK].astype(jnp.float32)
   return weights_TxK, experts_TxK
-
-
-def experts_sorted(x_TxD: Array, weights_TxK: Array, experts_TxK: Array, gate_up_ExDx2F: Array,
-                   down_ExFxD: Array, grouped_matmul=jax.lax.ragged_dot) -> Array:
-  """Dropless MoE: sort (token, expert) pairs by expert, two grouped matmuls, weighted scatter-add.
-
-  Exact for any routing (no capacity, no dropped tokens). `grouped_matmul(lhs [M, D], rhs [E, D, F],
-  group_sizes [E]) -> [M, F]` is `lax.ragged_dot` (XLA) or the Pallas kernel `pallas_kernels.moe.gmm`.
-  """
-  t, k = experts_TxK.shape
-  num_experts = gate_up_ExDx2F.shape[0]
-  flat_expert = experts_TxK.reshape(-1)
-  order = jnp.argsort(flat_expert, stable=True)
-  token_of = order // k
-  group_sizes = jnp.bincount(flat_expert, length=num_experts).astype(jnp.int32)
-  xs = x_TxD[token_of]
-  h = geglu_fused(grouped_matmul(xs, gate_up_ExDx2F, group_sizes))
-  y = grouped_matmul(h, down_ExFxD, group_sizes)
-  y = y * weights_TxK.reshape(-1)[order][:, None].astype(y.dtype)
-  return jnp.zeros_like(x_TxD).at[token_of].add(y)
 
 
 experts_ragged_dot = experts_sorted  # the XLA path: lax.ragged_dot as the grouped matmul
