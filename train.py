@@ -25,11 +25,11 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from dgemma import checkpoints, cli, loading, model, sharding
-from dgemma.cpu import huge_pages
 from dgemma.checkpoints.native import config_to_dict
+from dgemma.cpu import huge_pages
 from dgemma.data import sudoku, sudoku_formats, sudoku_task, sudoku_text
 from dgemma.data.tokenizer import load_tokenizer
-from dgemma.training import checkpointing, evaluation, metrics as metrics_lib, optimizer, state as state_lib
+from dgemma.training import checkpointing, evaluation, logs, metrics as metrics_lib, optimizer, state as state_lib
 from dgemma.training.config_utils import model_config, sampling_metadata
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (configs/*.py[:args]).")
@@ -285,6 +285,7 @@ def main(argv):
     raise app.UsageError("--config is required, e.g. --config=configs/sft_sudoku.py")
   workdir = workdir_from_flags()
   try:
+    logs.log_to_workdir(workdir)  # library INFO logging to WORKDIR/train.log; the terminal keeps warnings
     if sharding.maybe_initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value) \
         and jax.process_index() != 0:
       logging.set_verbosity(logging.WARNING)  # library INFO logs (orbax, jax) from process 0 only
