@@ -74,7 +74,7 @@ class Attention(nn.Module):
     if cfg.relation_bias:
       # Additive over the shared features, written as elementwise sums that XLA fuses: on CPU a bias per
       # combination of them (2^F, a one-hot contraction or a gather) or an einsum over F made the whole training
-      # step 15-33% slower (48 x 81 x 163 logits, F = 4).
+      # step markedly slower.
       weights_FxN = self.param("relation_bias", nn.initializers.zeros, (shared_FxBxTxS.shape[0], n), dt)
       bias = sum(weights_FxN[f].astype(jnp.float32)[None, :, None, None] * shared_FxBxTxS[f][:, None]
                  for f in range(shared_FxBxTxS.shape[0]))

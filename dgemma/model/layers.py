@@ -125,8 +125,7 @@ def token_matmul(x: Array, w: Array, contract_dims: int = 1, operand_dtype: str 
   """x[..., K1..Kc] @ w[K1..Kc, ...] as one 2-D matmul over the flattened tokens.
 
   Same function as the einsum; on XLA:CPU the 2-D form keeps the backward's weight gradient a plain matmul,
-  where [B, T, ...] operands made XLA materialise transposed copies (measured: a GeGLU's forward + backward
-  at [48, 82, 128] -> 512 took 79 ms as einsums, 37 ms flattened). `operand_dtype="bfloat16"`: `mixed_matmul`
+  where [B, T, ...] operands made XLA materialise transposed copies. `operand_dtype="bfloat16"`: `mixed_matmul`
   (ModelConfig.matmul_dtype).
   """
   k_shape = x.shape[x.ndim - contract_dims:]
@@ -152,7 +151,7 @@ class GeGLU(nn.Module):
     down = self.param("down", init_normal, (self.hidden, d), self.dtype)
     mm = lambda x, w: token_matmul(x, w, operand_dtype=self.matmul_dtype)
     # One matmul for gate and up: the concatenated weight is loop-invariant, so XLA builds it once per sampling
-    # call, and the step runs one dot where it ran two (XLA:CPU, 64 x 256 -> 512, bf16 operands: ~0.06 ms less each).
+    # call, and the step runs one dot where it ran two.
     gu = mm(x_BxTxD, jnp.concatenate([gate, up], axis=1))
     h = gelu_tanh(gu[..., :self.hidden]) * gu[..., self.hidden:]
     return mm(h, down)
@@ -179,11 +178,9 @@ def experts_dense(x_TxD: Array, weights_TxK: Array, experts_TxK: Array, gate_up_
   projection and one down projection over all experts, where the unchosen experts' activations are zeros.
 
   E/k times the matmul FLOPs, but on CPU, with the few tokens of a denoising step, cheaper than ragged_dot's sort
-  and per-group dispatch (T=64, D=256, 8 experts: ~0.85 vs ~1.6 ms). The GeGLU runs on the k chosen
-  (token, expert) pairs only, whose routing-weighted activations are scattered into the zero [T, E, F]: the
-  elementwise pass over every expert took ~0.1 ms per layer of a denoising step. The same values as weighting every
-  expert's activations (0 where unchosen): to the last bit with bf16 operands in our runs, within float32 rounding
-  of the GeGLU otherwise. The routing weight scales the hidden activations before the down projection (linear, so
+  and per-group dispatch. The GeGLU runs on the k chosen (token, expert) pairs only, whose routing-weighted
+  activations are scattered into the zero [T, E, F], sparing an elementwise pass over every expert. The same values
+  as weighting every expert's activations (0 where unchosen), within float32 rounding of the GeGLU. The routing weight scales the hidden activations before the down projection (linear, so
   equal to `experts_sorted` up to rounding).
   """
   t, num_experts = x_TxD.shape[0], gate_up_ExDx2F.shape[0]
@@ -263,8 +260,8 @@ class Embedder(nn.Module):
     """probs @ E · sqrt(D): `encode_soft` for a caller that has the softmax already (the sampler).
 
     `table_DxV`: E transposed, from a caller that runs this in a loop and built it once (`transposed_table`).
-    Both operands then run along the vocabulary in memory: XLA:CPU multiplies [64, 4096] by [4096, 256] in bf16
-    ~25% faster so (~190 vs ~250 us), and it would copy a transpose taken here on every step.
+    Both operands then run along the vocabulary in memory, which XLA:CPU multiplies faster, and a transpose taken
+    here would be copied on every step.
     """
     probs = probs_BxTxV.astype(self.embedding.dtype)
     if table_DxV is not None:
