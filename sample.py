@@ -21,8 +21,8 @@ import time
 from absl import flags
 
 from dgemma import cli
-from dgemma.cpu import huge_pages
 from dgemma.config import MOE_IMPLS
+from dgemma.cpu import huge_pages
 
 FLAGS = flags.FlagValues()  # private: this module can be imported next to other scripts
 _D = dict(flag_values=FLAGS)

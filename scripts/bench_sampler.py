@@ -33,8 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from absl import flags  # noqa: E402
 
 from dgemma import cli  # noqa: E402
-from dgemma.cpu import huge_pages  # noqa: E402
 from dgemma.config import MOE_IMPLS  # noqa: E402
+from dgemma.cpu import huge_pages  # noqa: E402
 
 FLAGS = flags.FlagValues()
 _D = dict(flag_values=FLAGS)
