@@ -54,9 +54,9 @@ def imports_of(name: str, path: pathlib.Path, modules: set[str]) -> set[str]:
   edges = set()
   for target in filter(None, targets):
     parts = target.split(".")
-    for package in (".".join(parts[:n]) for n in range(1, len(parts))):  # the packages above the target
-      if package in modules and name != package and not name.startswith(package + "."):
-        edges.add(package)
+    for above in (".".join(parts[:n]) for n in range(1, len(parts))):  # the packages above the target
+      if above in modules and name != above and not name.startswith(above + "."):
+        edges.add(above)
     edges.add(target)
   return edges - {name}
 
