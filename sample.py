@@ -20,8 +20,9 @@ import time
 
 from absl import flags
 
-from dgemma import cli, huge_pages
+from dgemma import cli
 from dgemma.config import MOE_IMPLS
+from dgemma.cpu import huge_pages
 
 FLAGS = flags.FlagValues()  # private: this module can be imported next to other scripts
 _D = dict(flag_values=FLAGS)
@@ -197,7 +198,7 @@ def _sampler_config(metadata: dict | None = None):
 
 
 def _load(path: str):
-  from dgemma.checkpoints import load_model
+  from dgemma.loading import load_model
   if not os.path.exists(path):
     raise ValueError(f"checkpoint {path} does not exist")
   try:
@@ -364,5 +365,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-  huge_pages.restart_with_huge_pages()  # faster XLA:CPU buffers (dgemma/huge_pages.py)
+  huge_pages.restart_with_huge_pages()  # faster XLA:CPU buffers (dgemma/cpu/huge_pages.py)
   cli.exit(main(sys.argv))

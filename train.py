@@ -24,11 +24,12 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from dgemma import checkpoints, cli, huge_pages, model, sharding
+from dgemma import checkpoints, cli, loading, model, sharding
 from dgemma.checkpoints.native import config_to_dict
+from dgemma.cpu import huge_pages
 from dgemma.data import sudoku, sudoku_formats, sudoku_task, sudoku_text
 from dgemma.data.tokenizer import load_tokenizer
-from dgemma.training import checkpointing, evaluation, metrics as metrics_lib, optimizer, state as state_lib
+from dgemma.training import checkpointing, evaluation, logs, metrics as metrics_lib, optimizer, state as state_lib
 from dgemma.training.config_utils import model_config, sampling_metadata
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (configs/*.py[:args]).")
@@ -65,7 +66,7 @@ def build_model(c: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = N
     shardings = sharding.tree_shardings(model.param_shapes(config), mesh, rules)
     init = jax.jit(lambda rng: model.init_params(config, rng), out_shardings=shardings)
     return config, init(jax.random.key(c.seed)), {}
-  config, params, metadata = checkpoints.load_model(os.path.expanduser(c.init_from))
+  config, params, metadata = loading.load_model(os.path.expanduser(c.init_from))
   for key, value in overrides.items():
     value = tuple(value) if isinstance(value, list) else value
     if key not in _RUNTIME_FIELDS and getattr(config, key) != value:
@@ -284,6 +285,7 @@ def main(argv):
     raise app.UsageError("--config is required, e.g. --config=configs/sft_sudoku.py")
   workdir = workdir_from_flags()
   try:
+    logs.log_to_workdir(workdir)  # library INFO logging to WORKDIR/train.log; the terminal keeps warnings
     if sharding.maybe_initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value) \
         and jax.process_index() != 0:
       logging.set_verbosity(logging.WARNING)  # library INFO logs (orbax, jax) from process 0 only
@@ -307,5 +309,5 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-  huge_pages.restart_with_huge_pages()  # 12% faster CPU steps (dgemma/huge_pages.py)
+  huge_pages.restart_with_huge_pages()  # faster XLA:CPU buffers (dgemma/cpu/huge_pages.py)
   app.run(main, flags_parser=parse_flags)

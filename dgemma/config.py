@@ -331,8 +331,19 @@ def gemma3_270m(**overrides: Any) -> ModelConfig:
   return ModelConfig(**fields)
 
 
-PRESETS = {
+PRESETS = {  # the model presets a training config names (`config.model_preset`), with keyword overrides
     "diffusiongemma_26b_a4b": diffusiongemma_26b_a4b,
     "tiny_moe": tiny_moe,
+    "small_dense": small_dense,
     "gemma3_270m": gemma3_270m,
 }
+
+
+def from_preset(preset: str, overrides: dict) -> ModelConfig:
+  """PRESETS[preset](**overrides); an unknown preset or override is a one-line ValueError."""
+  if preset not in PRESETS:
+    raise ValueError(f"unknown model preset {preset!r}; choose from {sorted(PRESETS)}")
+  try:
+    return PRESETS[preset](**overrides)
+  except TypeError as e:
+    raise ValueError(f"bad model override for preset {preset!r}: {e}") from None

@@ -1,4 +1,4 @@
-"""Flash attention for DiffusionGemma's three masks, forward and backward, beside its XLA reference.
+"""Flash attention for DiffusionGemma's three masks, forward and backward, beside its XLA reference (`reference.py`).
 
     out = attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask)        # mask: mask_spec.AttentionMask
 
@@ -32,6 +32,7 @@ from jax.experimental import pallas as pl
 from jaxtyping import Array, Float, Int
 
 from pallas_kernels.mask_spec import AttentionMask
+from pallas_kernels.reference import reference_attention  # (re-exported: the kernel's contract)
 
 try:  # Triton compiler parameters (num_warps, num_stages); only used when compiling for a GPU.
   from jax.experimental.pallas import triton as _plgpu
@@ -83,18 +84,6 @@ class BlockSizes:
 def default_block_sizes(head_dim: int) -> BlockSizes:
   """What the model's attention hook gets (it passes no block sizes)."""
   return BlockSizes.for_head_dim(head_dim)
-
-
-# -------------------------------------------------------------------------------------------------
-# Plain-JAX reference
-# -------------------------------------------------------------------------------------------------
-def reference_attention(q_BxTxNxH: Float[Array, "B T N H"], k_BxSxKxH: Float[Array, "B S K H"],
-                        v_BxSxKxH: Float[Array, "B S K H"], mask: AttentionMask) -> Float[Array, "B T N H"]:
-  """The model's XLA attention on the materialised mask, with rows that see no key set to 0."""
-  from dgemma.model.attention import dot_product_attention  # the model's own reference
-  dense = mask.dense()
-  out = dot_product_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, dense)
-  return jnp.where(dense.any(axis=-1)[:, :, None, None], out, jnp.zeros_like(out))
 
 
 # -------------------------------------------------------------------------------------------------
@@ -399,7 +388,7 @@ def attention(q_BxTxNxH: Float[Array, "B T N H"], k_BxSxKxH: Float[Array, "B S K
               block_sizes: BlockSizes | None = None, interpret: bool | None = None) -> Float[Array, "B T N H"]:
   """Flash attention of q over keys/values under a structured mask; differentiable in q, k and v.
 
-  The drop-in for `dgemma.model.attention.dot_product_attention(q, k, v, mask.dense())` (up to rows that
+  The drop-in for `reference.dot_product_attention(q, k, v, mask.dense())` (up to rows that
   see nothing, which give 0). Pass the same array as k and v to share it (read once, no copy).
   """
   if not isinstance(mask, AttentionMask):

@@ -1,4 +1,4 @@
-"""Grouped matmul (dropless MoE) kernels, forward and backward, beside their XLA references.
+"""Grouped matmul (dropless MoE) kernels, forward and backward, beside their XLA references (`reference.py`).
 
     out = gmm(lhs_MxC, rhs_ExCxO, group_sizes_E)                 # rows sorted by group: lhs[r] @ rhs[g(r)]
     y   = moe_experts(x_TxD, weights_TxK, experts_TxK, gate_up_ExDx2F, down_ExFxD)
@@ -16,9 +16,9 @@ Kernel layout (Triton-style grid + BlockSpecs; interpret mode off GPU):
 - tgmm is group-stationary: program (g, a, c) owns drhs[g, a-tile, c-tile] and loops over the row tiles
   of group g only (zero iterations for an empty group), zeroing the rows of neighbouring groups.
 
-`moe_experts` is `dgemma.model.layers.experts_ragged_dot` with `gmm` for both grouped matmuls: sort the
-(token, expert) pairs by expert, one gmm for the fused gate/up projection, one for the down projection,
-weighted scatter-add back to tokens.
+`moe_experts` is `reference.experts_sorted` (the model's XLA path, with `lax.ragged_dot`) with `gmm` for both
+grouped matmuls: sort the (token, expert) pairs by expert, one gmm for the fused gate/up projection, one for the
+down projection, weighted scatter-add back to tokens.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from jax.experimental import pallas as pl
 from jaxtyping import Array, Float, Int
 
 from pallas_kernels.attention import interpret_default, triton_compiler_params
+from pallas_kernels.reference import experts_sorted, gmm_reference, moe_dense_reference  # (the last two re-exported)
 
 __all__ = ["DEFAULT_TILING", "GmmTiling", "gmm", "tgmm", "moe_experts", "gmm_reference", "moe_dense_reference"]
 
@@ -48,34 +49,6 @@ class GmmTiling:
 
 
 DEFAULT_TILING = GmmTiling()  # what the model's MoE hook gets (it passes no tiling)
-
-
-# -------------------------------------------------------------------------------------------------
-# References
-# -------------------------------------------------------------------------------------------------
-def gmm_reference(lhs_MxC: Float[Array, "M C"], rhs_ExCxO: Float[Array, "E C O"],
-                  group_sizes_E: Int[Array, "E"]) -> Float[Array, "M O"]:
-  """Dense per-group reference: every row times every group's matrix, then pick its own group."""
-  ends = jnp.cumsum(group_sizes_E)
-  row = jnp.arange(lhs_MxC.shape[0])
-  group_of_row = jnp.searchsorted(ends, row, side="right")  # == E for rows past the last group
-  all_groups = jnp.einsum("mc,eco->meo", lhs_MxC, rhs_ExCxO, preferred_element_type=jnp.float32)
-  picked = jnp.take_along_axis(all_groups, jnp.minimum(group_of_row, rhs_ExCxO.shape[0] - 1)[:, None, None],
-                               axis=1)[:, 0]
-  out = jnp.where((group_of_row < rhs_ExCxO.shape[0])[:, None], picked, 0.0)
-  return out.astype(jnp.result_type(lhs_MxC, rhs_ExCxO))
-
-
-def moe_dense_reference(x_TxD: Array, weights_TxK: Array, experts_TxK: Array, gate_up_ExDx2F: Array,
-                        down_ExFxD: Array) -> Array:
-  """Every expert on every token, combined with the routing weights (no sorting, no grouped matmul)."""
-  from dgemma.model.layers import gelu_tanh
-  h = jnp.einsum("td,edf->etf", x_TxD, gate_up_ExDx2F)
-  gate, up = jnp.split(h, 2, axis=-1)
-  y_ExTxD = jnp.einsum("etf,efd->etd", gelu_tanh(gate) * up, down_ExFxD)
-  combine_TxE = jnp.einsum("tk,tke->te", weights_TxK.astype(y_ExTxD.dtype),
-                           jax.nn.one_hot(experts_TxK, gate_up_ExDx2F.shape[0], dtype=y_ExTxD.dtype))
-  return jnp.einsum("te,etd->td", combine_TxE, y_ExTxD).astype(x_TxD.dtype)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -294,7 +267,6 @@ def tgmm(lhs_MxC: Float[Array, "M C"], dout_MxO: Float[Array, "M O"], group_size
 def moe_experts(x_TxD: Float[Array, "T D"], weights_TxK: Float[Array, "T K"], experts_TxK: Int[Array, "T K"],
                 gate_up_ExDx2F: Float[Array, "E D 2F"], down_ExFxD: Float[Array, "E F D"], *,
                 tiling: GmmTiling | None = None, interpret: bool | None = None) -> Float[Array, "T D"]:
-  """Dropless MoE with Pallas grouped matmuls; the contract of `dgemma.model.layers.experts_ragged_dot`."""
-  from dgemma.model.layers import experts_sorted
+  """Dropless MoE with Pallas grouped matmuls: `reference.experts_sorted` with `gmm`."""
   return experts_sorted(x_TxD, weights_TxK, experts_TxK, gate_up_ExDx2F, down_ExFxD,
                         grouped_matmul=functools.partial(gmm, tiling=tiling, interpret=interpret))

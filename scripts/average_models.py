@@ -30,14 +30,14 @@ def run() -> int:
   import jax
   import jax.numpy as jnp
 
-  from dgemma import checkpoints
+  from dgemma import checkpoints, loading
   if not FLAGS.ckpt or len(FLAGS.ckpt) < 2 or not FLAGS.out:
     raise ValueError("--ckpt needs two or more checkpoints and --out is required")
-  config, total, metadata = checkpoints.load_model(FLAGS.ckpt[0])
+  config, total, metadata = loading.load_model(FLAGS.ckpt[0])
   dtypes = jax.tree.map(lambda a: a.dtype, total)
   total = jax.tree.map(lambda a: a.astype(jnp.float32), total)
   for path in FLAGS.ckpt[1:]:
-    other_config, params, _ = checkpoints.load_model(path)
+    other_config, params, _ = loading.load_model(path)
     if other_config != config:
       raise ValueError(f"{path} is a different model from {FLAGS.ckpt[0]} (their configs differ); only checkpoints "
                        "of one model can be averaged")

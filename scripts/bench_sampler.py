@@ -32,8 +32,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from absl import flags  # noqa: E402
 
-from dgemma import cli, huge_pages  # noqa: E402
+from dgemma import cli  # noqa: E402
 from dgemma.config import MOE_IMPLS  # noqa: E402
+from dgemma.cpu import huge_pages  # noqa: E402
 
 FLAGS = flags.FlagValues()
 _D = dict(flag_values=FLAGS)
@@ -101,7 +102,7 @@ def _median_time(fn, repeats: int):
 def _context_switches() -> int | None:
   """Context switches so far, summed over this process's threads (Linux /proc), or None where unavailable. Each
   one a timed program adds is a thread that had gone to sleep and was woken: on XLA:CPU, mostly a parallel
-  operation handing work to an idle worker (scripts/handoff_latency.c measures what a wake-up costs)."""
+  operation handing work to an idle worker (tools/handoff_latency.c measures what a wake-up costs)."""
   try:
     threads = os.listdir("/proc/self/task")
   except OSError:
@@ -128,7 +129,7 @@ def _bare_program(config, steps: int, canvas_len: int, cache_len: int, kernel_so
 
   from dgemma.model.cache import init_cache
   from dgemma.model.transformer import DiffusionGemma
-  from dgemma.sampling import cpu_kernel
+  from dgemma.cpu import token_stats as cpu_kernel
   from dgemma.sampling.generate import signal_is_probabilities
   model = DiffusionGemma(config)
 
@@ -344,7 +345,7 @@ def run() -> dict:
                              token_stats=sampler.resolve(config).token_stats,
                              steps=n_steps, prompt_len=FLAGS.prompt_len, batch=b,
                              cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
-                             ld_preload=os.environ.get("LD_PRELOAD") or None)  # e.g. scripts/spin_wait.c
+                             ld_preload=os.environ.get("LD_PRELOAD") or None)  # e.g. tools/spin_wait.c
   if tmp is not None:
     tmp.cleanup()
   return results
@@ -418,5 +419,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-  huge_pages.restart_with_huge_pages()  # faster XLA:CPU buffers (dgemma/huge_pages.py)
+  huge_pages.restart_with_huge_pages()  # faster XLA:CPU buffers (dgemma/cpu/huge_pages.py)
   sys.exit(main(sys.argv))

@@ -34,7 +34,8 @@ from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 import train as train_lib  # noqa: E402  # the repository's train.py: the model, data and step a run uses
-from dgemma import cli, huge_pages  # noqa: E402
+from dgemma import cli  # noqa: E402
+from dgemma.cpu import huge_pages  # noqa: E402
 from dgemma.training import optimizer, state as state_lib  # noqa: E402
 
 FLAGS = flags.FlagValues()  # private: this module can be imported next to train.py and other scripts
@@ -162,5 +163,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-  huge_pages.restart_with_huge_pages()  # as train.py (dgemma/huge_pages.py)
+  huge_pages.restart_with_huge_pages()  # as train.py (dgemma/cpu/huge_pages.py)
   sys.exit(main(sys.argv))

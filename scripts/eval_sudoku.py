@@ -28,7 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from absl import flags  # noqa: E402
 
-from dgemma import cli, huge_pages  # noqa: E402
+from dgemma import cli  # noqa: E402
+from dgemma.cpu import huge_pages  # noqa: E402
 
 FLAGS = flags.FlagValues()
 _D = dict(flag_values=FLAGS)
@@ -222,7 +223,7 @@ def run() -> int:
     raise ValueError(f"--ar_temperature must be >= 0, got {FLAGS.ar_temperature}")
   cli.check_seed(FLAGS.seed)
   data = load_data(FLAGS.data, FLAGS.limit)
-  from dgemma.checkpoints import load_model
+  from dgemma.loading import load_model
   if not os.path.exists(FLAGS.ckpt):
     raise ValueError(f"checkpoint {FLAGS.ckpt} does not exist")
   try:
@@ -274,5 +275,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-  huge_pages.restart_with_huge_pages()  # faster XLA:CPU buffers (dgemma/huge_pages.py)
+  huge_pages.restart_with_huge_pages()  # faster XLA:CPU buffers (dgemma/cpu/huge_pages.py)
   cli.exit(main(sys.argv))

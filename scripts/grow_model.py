@@ -27,10 +27,10 @@ flags.DEFINE_list("insert_after", None, "0-based layers to insert a copy after (
 
 
 def run() -> int:
-  from dgemma import checkpoints, grow
+  from dgemma import checkpoints, grow, loading
   if not FLAGS.ckpt or not FLAGS.out:
     raise ValueError("--ckpt and --out are required")
-  config, params, metadata = checkpoints.load_model(FLAGS.ckpt)
+  config, params, metadata = loading.load_model(FLAGS.ckpt)
   try:
     insert_after = ([int(i) for i in FLAGS.insert_after] if FLAGS.insert_after is not None
                     else list(range(config.num_layers)))

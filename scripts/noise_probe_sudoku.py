@@ -63,7 +63,7 @@ def probe(params, config, puzzles, solutions, noise_levels, confident: float, se
 def run() -> int:
   import numpy as np
 
-  from dgemma.checkpoints import load_model
+  from dgemma.loading import load_model
   from dgemma.sampling import sudoku as sudoku_solver
   from scripts.eval_sudoku import load_data
 

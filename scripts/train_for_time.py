@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags  # noqa: E402
 
 import train  # noqa: E402
-from dgemma import huge_pages  # noqa: E402
+from dgemma.cpu import huge_pages  # noqa: E402
 
 _MINUTES = flags.DEFINE_float("minutes", None, "Wall-clock budget of the whole script, in minutes.")
 _PROBE_STEPS = flags.DEFINE_integer("probe_steps", 100, "Steps of the probe run (even, >= 4); the rate is "

@@ -2,6 +2,6 @@
 
 from dgemma.checkpoints.gguf import load_gguf
 from dgemma.checkpoints.hf import load_hf, save_hf
-from dgemma.checkpoints.native import load_model, save_model
+from dgemma.checkpoints.native import load_native, save_model
 
-__all__ = ["load_gguf", "load_hf", "save_hf", "load_model", "save_model"]
+__all__ = ["load_gguf", "load_hf", "save_hf", "load_native", "save_model"]

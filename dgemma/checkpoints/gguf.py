@@ -6,8 +6,8 @@
 The header (metadata and tensor table) is parsed here: it needs only the standard library and numpy, so the
 tokenizer (`dgemma.data.tokenizer`, which reads the vocabulary from the same file) works without the `gguf`
 package. Dequantization uses `gguf.quants.dequantize`, the function transformers uses too, so both load the
-same float32 weights. `gguf.GGUFReader` is not used: it builds Python objects for all 262k vocabulary entries
-and takes ~10 s to open this file.
+same float32 weights. `gguf.GGUFReader` is not used: it builds Python objects for all 262k vocabulary entries,
+which makes opening the file slow.
 
 Gemma 3 facts that the file does not state are those llama.cpp and transformers' `Gemma3TextConfig` both
 assume: every 6th layer is global and the local RoPE base is 10 000. query_pre_attn_scalar follows llama.cpp

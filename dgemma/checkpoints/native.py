@@ -1,8 +1,8 @@
 """Our own inference checkpoint: a directory with `dgemma.json` (model config + metadata) and
 `params.safetensors` (flat '/'-joined parameter names). Small models (e.g. assets/sudoku-small) ship so.
 
-`load_model(path)` opens any checkpoint a user may hand us: this format, an HF DiffusionGemma directory,
-or a training workdir (its latest step).
+`dgemma.loading.load_model(path)` opens any checkpoint a user may hand us: this format, an HF DiffusionGemma
+directory, a GGUF file or a training workdir (its latest step).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 
 from dgemma.checkpoints import safetensors_io
 from dgemma.config import ModelConfig
+from dgemma.model import param_shapes
 
 CONFIG_FILE = "dgemma.json"
 PARAMS_FILE = "params.safetensors"
@@ -75,31 +76,8 @@ def load_native(path: str) -> tuple[ModelConfig, dict, dict]:
   f = safetensors_io.SafetensorsFile(os.path.join(path, PARAMS_FILE))
   dtype = jnp.dtype(config.param_dtype)
   params = unflatten({k: jnp.asarray(f.get(k), dtype) for k in f.keys()})
-  from dgemma.model import param_shapes  # local import: the model imports nothing from here
   expected = jax.tree.map(lambda s: s.shape, param_shapes(config))
   got = jax.tree.map(lambda a: a.shape, params)
   if expected != got:
     raise ValueError(f"{path}: parameters do not match the model config in {CONFIG_FILE}")
   return config, params, info.get("metadata", {})
-
-
-def load_model(path: str) -> tuple[ModelConfig, dict, dict]:
-  """(config, params, metadata) from a native checkpoint, an HF directory, a training workdir or a GGUF file."""
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"checkpoint {path} does not exist")
-  if path.endswith(".gguf"):  # a pretrained AR Gemma: turned into a diffusion model on load
-    from dgemma import diffusionize
-    config, params = diffusionize.load_gguf_diffusion(path, jax.random.key(0))
-    return config, params, {"diffusionized_from": os.path.abspath(path)}
-  if os.path.exists(os.path.join(path, CONFIG_FILE)):
-    return load_native(path)
-  if os.path.exists(os.path.join(path, "config.json")):
-    from dgemma.checkpoints.hf import generation_defaults, load_hf
-    config, params = load_hf(path)
-    _, knobs = generation_defaults(path)  # sampling defaults, as HF generate takes them from the directory
-    return config, params, {"sampler": knobs} if knobs else {}
-  if os.path.isdir(os.path.join(path, "checkpoints")):
-    from dgemma.training import checkpointing  # a training workdir: its latest step
-    return checkpointing.load_inference(path)
-  raise ValueError(f"{path} is not a checkpoint: expected {CONFIG_FILE}, an HF config.json, "
-                   "or a training workdir with checkpoints/")

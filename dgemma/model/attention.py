@@ -15,38 +15,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from dgemma.config import ModelConfig
-from dgemma.model.layers import (RMSNorm, apply_rope, init_normal, max_last_axis, param_dtype, rope_inv_freq,
-                                 token_matmul)
-
-_MASKED = -2.3819763e38  # the large negative logit of the reference implementations
-
-
-def dot_product_attention(q_BxTxNxH: Array, k_BxSxKxH: Array, v_BxSxKxH: Array,
-                          mask_BxTxS: Bool[Array, "B T S"], bias_BxNxTxS: Array | None = None) -> Array:
-  """Plain-XLA attention, the reference every kernel is tested against. Query head n reads KV head n // G.
-  `bias_BxNxTxS` (optional) is added to the logits before the mask.
-
-  Heads are moved in front of the tokens first, so that both products are batched matmuls in XLA's canonical
-  [batch..., rows, contraction] form: on CPU that halved the forward pass against einsums over [B, T, N, H]
-  (48 x 81 queries, 163 keys, 4 heads of 32: 21.8 -> 10.1 ms) and took 16% off forward + backward.
-  """
-  b, t, n, h = q_BxTxNxH.shape
-  kv_heads = k_BxSxKxH.shape[2]
-  g = n // kv_heads
-  q_BxKxGTxH = q_BxTxNxH.reshape(b, t, kv_heads, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kv_heads, g * t, h)
-  k_BxKxHxS = k_BxSxKxH.transpose(0, 2, 3, 1)
-  v_BxKxSxH = v_BxSxKxH.transpose(0, 2, 1, 3)
-  logits = jnp.matmul(q_BxKxGTxH, k_BxKxHxS, preferred_element_type=jnp.float32).reshape(b, kv_heads, g, t, -1)
-  if bias_BxNxTxS is not None:
-    logits = logits + bias_BxNxTxS.reshape(b, kv_heads, g, t, -1).astype(logits.dtype)
-  logits = jnp.where(mask_BxTxS[:, None, None], logits, _MASKED)
-  # softmax, with the sum over keys as a matmul: XLA:CPU runs that faster than a reduction over the same operand
-  # (denoiser step, 2 x 2 x 64 x 160 logits: 65 vs 90 us). HIGHEST: a sum, not a TF32 product on GPUs.
-  e = jnp.exp(logits - jax.lax.stop_gradient(max_last_axis(logits)[..., None]))
-  probs = e / jnp.matmul(e, jnp.ones((e.shape[-1], 1), e.dtype), precision=jax.lax.Precision.HIGHEST)
-  probs = probs.astype(v_BxSxKxH.dtype).reshape(b, kv_heads, g * t, -1)
-  out = jnp.matmul(probs, v_BxKxSxH).reshape(b, kv_heads, g, t, h)
-  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+from dgemma.model.layers import RMSNorm, apply_rope, init_normal, param_dtype, rope_inv_freq, token_matmul
+from pallas_kernels.reference import dot_product_attention  # the XLA path, also the kernel's reference
 
 
 def write_rows(cache_BxSx: Array, new_BxTx: Array, start_B: Int[Array, "B"]) -> Array:
@@ -104,7 +74,7 @@ class Attention(nn.Module):
     if cfg.relation_bias:
       # Additive over the shared features, written as elementwise sums that XLA fuses: on CPU a bias per
       # combination of them (2^F, a one-hot contraction or a gather) or an einsum over F made the whole training
-      # step 15-33% slower (48 x 81 x 163 logits, F = 4).
+      # step markedly slower.
       weights_FxN = self.param("relation_bias", nn.initializers.zeros, (shared_FxBxTxS.shape[0], n), dt)
       bias = sum(weights_FxN[f].astype(jnp.float32)[None, :, None, None] * shared_FxBxTxS[f][:, None]
                  for f in range(shared_FxBxTxS.shape[0]))

@@ -15,23 +15,14 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from dgemma.config import ModelConfig
+# (shared with the Pallas kernels, whose references they are; max_last_axis is re-exported for the sampler)
+from pallas_kernels.reference import experts_sorted, geglu_fused, gelu_tanh, max_last_axis
 
 init_normal = nn.initializers.normal(stddev=0.02)
 
 
 def param_dtype(config: ModelConfig) -> jnp.dtype:
   return jnp.dtype(config.param_dtype)
-
-
-def max_last_axis(x: Array) -> Array:
-  """max over the last axis as halving elementwise maxima (the same value: max is exact in any order), which XLA
-  fuses into small loop kernels. On XLA:CPU a reduction op costs a fixed ~15-35 us: the attention softmax of a
-  denoising step (4 x 64 queries, 160 keys) took ~47 us with the reduction, ~30 us with this."""
-  while x.shape[-1] > 1:
-    half = x.shape[-1] // 2
-    head = jnp.maximum(x[..., :half], x[..., half:2 * half])
-    x = head if x.shape[-1] % 2 == 0 else jnp.concatenate([head, x[..., -1:]], axis=-1)
-  return x[..., 0]
 
 
 def rms_norm(x: Array, scale: Array | None, eps: float) -> Array:
@@ -134,8 +125,7 @@ def token_matmul(x: Array, w: Array, contract_dims: int = 1, operand_dtype: str 
   """x[..., K1..Kc] @ w[K1..Kc, ...] as one 2-D matmul over the flattened tokens.
 
   Same function as the einsum; on XLA:CPU the 2-D form keeps the backward's weight gradient a plain matmul,
-  where [B, T, ...] operands made XLA materialise transposed copies (measured: a GeGLU's forward + backward
-  at [48, 82, 128] -> 512 took 79 ms as einsums, 37 ms flattened). `operand_dtype="bfloat16"`: `mixed_matmul`
+  where [B, T, ...] operands made XLA materialise transposed copies. `operand_dtype="bfloat16"`: `mixed_matmul`
   (ModelConfig.matmul_dtype).
   """
   k_shape = x.shape[x.ndim - contract_dims:]
@@ -145,10 +135,6 @@ def token_matmul(x: Array, w: Array, contract_dims: int = 1, operand_dtype: str 
   x_MxK, w_KxN = x.reshape(-1, k), w.reshape(k, -1)
   y = mixed_matmul(x_MxK, w_KxN) if operand_dtype == "bfloat16" else x_MxK @ w_KxN
   return y.reshape(x.shape[:x.ndim - contract_dims] + w.shape[contract_dims:])
-
-
-def gelu_tanh(x: Array) -> Array:
-  return jax.nn.gelu(x, approximate=True)
 
 
 class GeGLU(nn.Module):
@@ -165,16 +151,10 @@ class GeGLU(nn.Module):
     down = self.param("down", init_normal, (self.hidden, d), self.dtype)
     mm = lambda x, w: token_matmul(x, w, operand_dtype=self.matmul_dtype)
     # One matmul for gate and up: the concatenated weight is loop-invariant, so XLA builds it once per sampling
-    # call, and the step runs one dot where it ran two (XLA:CPU, 64 x 256 -> 512, bf16 operands: ~0.06 ms less each).
+    # call, and the step runs one dot where it ran two.
     gu = mm(x_BxTxD, jnp.concatenate([gate, up], axis=1))
     h = gelu_tanh(gu[..., :self.hidden]) * gu[..., self.hidden:]
     return mm(h, down)
-
-
-def geglu_fused(gate_up: Array) -> Array:
-  """gelu_tanh(gate) ⊙ up for the experts' fused [gate | up] projection."""
-  gate, up = jnp.split(gate_up, 2, axis=-1)
-  return gelu_tanh(gate) * up
 
 
 def route(x_TxD: Array, router_w_DxE: Array, router_scale_D: Array, per_expert_scale_E: Array,
@@ -189,26 +169,6 @@ def route(x_TxD: Array, router_w_DxE: Array, router_scale_D: Array, per_expert_s
   return weights_TxK, experts_TxK
 
 
-def experts_sorted(x_TxD: Array, weights_TxK: Array, experts_TxK: Array, gate_up_ExDx2F: Array,
-                   down_ExFxD: Array, grouped_matmul=jax.lax.ragged_dot) -> Array:
-  """Dropless MoE: sort (token, expert) pairs by expert, two grouped matmuls, weighted scatter-add.
-
-  Exact for any routing (no capacity, no dropped tokens). `grouped_matmul(lhs [M, D], rhs [E, D, F],
-  group_sizes [E]) -> [M, F]` is `lax.ragged_dot` (XLA) or the Pallas kernel `pallas_kernels.moe.gmm`.
-  """
-  t, k = experts_TxK.shape
-  num_experts = gate_up_ExDx2F.shape[0]
-  flat_expert = experts_TxK.reshape(-1)
-  order = jnp.argsort(flat_expert, stable=True)
-  token_of = order // k
-  group_sizes = jnp.bincount(flat_expert, length=num_experts).astype(jnp.int32)
-  xs = x_TxD[token_of]
-  h = geglu_fused(grouped_matmul(xs, gate_up_ExDx2F, group_sizes))
-  y = grouped_matmul(h, down_ExFxD, group_sizes)
-  y = y * weights_TxK.reshape(-1)[order][:, None].astype(y.dtype)
-  return jnp.zeros_like(x_TxD).at[token_of].add(y)
-
-
 experts_ragged_dot = experts_sorted  # the XLA path: lax.ragged_dot as the grouped matmul
 
 
@@ -218,11 +178,9 @@ def experts_dense(x_TxD: Array, weights_TxK: Array, experts_TxK: Array, gate_up_
   projection and one down projection over all experts, where the unchosen experts' activations are zeros.
 
   E/k times the matmul FLOPs, but on CPU, with the few tokens of a denoising step, cheaper than ragged_dot's sort
-  and per-group dispatch (T=64, D=256, 8 experts: ~0.85 vs ~1.6 ms). The GeGLU runs on the k chosen
-  (token, expert) pairs only, whose routing-weighted activations are scattered into the zero [T, E, F]: the
-  elementwise pass over every expert took ~0.1 ms per layer of a denoising step. The same values as weighting every
-  expert's activations (0 where unchosen): to the last bit with bf16 operands in our runs, within float32 rounding
-  of the GeGLU otherwise. The routing weight scales the hidden activations before the down projection (linear, so
+  and per-group dispatch. The GeGLU runs on the k chosen (token, expert) pairs only, whose routing-weighted
+  activations are scattered into the zero [T, E, F], sparing an elementwise pass over every expert. The same values
+  as weighting every expert's activations (0 where unchosen), within float32 rounding of the GeGLU. The routing weight scales the hidden activations before the down projection (linear, so
   equal to `experts_sorted` up to rounding).
   """
   t, num_experts = x_TxD.shape[0], gate_up_ExDx2F.shape[0]
@@ -302,8 +260,8 @@ class Embedder(nn.Module):
     """probs @ E · sqrt(D): `encode_soft` for a caller that has the softmax already (the sampler).
 
     `table_DxV`: E transposed, from a caller that runs this in a loop and built it once (`transposed_table`).
-    Both operands then run along the vocabulary in memory: XLA:CPU multiplies [64, 4096] by [4096, 256] in bf16
-    ~25% faster so (~190 vs ~250 us), and it would copy a transpose taken here on every step.
+    Both operands then run along the vocabulary in memory, which XLA:CPU multiplies faster, and a transpose taken
+    here would be copied on every step.
     """
     probs = probs_BxTxV.astype(self.embedding.dtype)
     if table_DxV is not None:

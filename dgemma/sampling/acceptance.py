@@ -9,22 +9,12 @@ full-width work is the block maxima, one exp pass, one e * z pass and two matrix
 
 from __future__ import annotations
 
-import math
-
-import flax.struct
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from dgemma.cpu.token_stats import TokenStats, block_size  # the contract the CPU kernel shares
 from dgemma.model.layers import max_last_axis
-
-
-def block_size(vocab_size: int) -> int:
-  """The divisor of `vocab_size` closest to its square root (512 for 262144, 64 for 4096)."""
-  root = math.sqrt(vocab_size)
-  divisors = [d for d in range(1, math.isqrt(vocab_size) + 1) if vocab_size % d == 0]
-  divisors += [vocab_size // d for d in divisors]
-  return min(divisors, key=lambda d: (abs(d - root), d))
 
 
 def _blocks(x_BxCxV: Array) -> Array:
@@ -42,15 +32,6 @@ def _first_true(mask: Bool[Array, "... N"]) -> Int[Array, "..."]:
 def _take_block(blocks: Array, index: Int[Array, "..."]) -> Array:
   """blocks[..., index, :] for a per-position block index."""
   return jnp.take_along_axis(blocks, index[..., None, None], axis=-2)[..., 0, :]
-
-
-@flax.struct.dataclass
-class TokenStats:
-  """What one step needs from the tempered distribution at each position."""
-  argmax: Int[Array, "B C"]  # first arg-max (ties go to the lowest id, as torch.argmax)
-  entropy: Float[Array, "B C"]  # nats
-  sample: Int[Array, "B C"] | None  # a draw from softmax(logits), when uniforms were given
-  probs: Float[Array, "B C V"] | None = None  # softmax(logits), float32, when asked for
 
 
 def analyse(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "B C"] | None = None,
@@ -83,8 +64,8 @@ def analyse(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "B C"
   z = jnp.maximum((blocks - top[..., None, None]) * inv_t, jnp.finfo(jnp.float32).min)
   e = jnp.exp(z)  # unnormalised probabilities, [.., nb, k]
   # H = log Z - E_p[z]. Both vocabulary-wide sums are products with a vector of ones: XLA:CPU runs reductions
-  # that share an operand several times slower than one matrix-vector product each, and a batched dot of e and z
-  # (through YNNPACK) took ~3x longer than writing e * z and summing it so.
+  # that share an operand slower than one matrix-vector product each, and a batched dot of e and z (through
+  # YNNPACK) slower than writing e * z and summing it so.
   # (HIGHEST: these are sums, which GPUs would otherwise take as TF32 products, ~3 digits.)
   ones = jnp.ones((k,), e.dtype)
   block_mass = jnp.einsum("...nk,k->...n", e, ones, precision=jax.lax.Precision.HIGHEST)
@@ -130,8 +111,8 @@ def entropy_bounded_accept(entropy_BxC: Float[Array, "B C"], bound: float) -> Bo
   lowest-entropy position is therefore always accepted. Ties sort by position, as a stable sort.
 
   Computed without sorting: position m comes before j iff H_m < H_j, or H_m == H_j and m < j, and the sum of
-  the entropies before each j is one [C, C] by [C] matrix-vector product. On XLA:CPU the two sorts (the order
-  and its inverse) cost 9 us for a 64-token canvas and 290 us for 16 x 96, the product 1 and 40 us.
+  the entropies before each j is one [C, C] by [C] matrix-vector product, which XLA:CPU runs far faster than the
+  two sorts (the order and its inverse).
   """
   h = entropy_BxC
   position = jnp.arange(h.shape[-1])

@@ -40,8 +40,9 @@ from jaxtyping import Array, Bool, Float, Int
 from dgemma.config import ModelConfig
 from dgemma.model.cache import KVCache, init_cache
 from dgemma.model.transformer import DiffusionGemma
-from dgemma.sampling import acceptance, cpu_kernel, schedules, stopping
-from dgemma.sampling.cpu_threefry import use_unrolled_threefry_on_cpu
+from dgemma.cpu import token_stats as cpu_kernel
+from dgemma.cpu.threefry import use_unrolled_threefry_on_cpu
+from dgemma.sampling import acceptance, schedules, stopping
 
 use_unrolled_threefry_on_cpu()  # same random bits; the rolled CPU form costs ~0.1 ms per denoising step
 

@@ -25,6 +25,7 @@ import orbax.checkpoint as ocp
 
 from dgemma.checkpoints.native import config_from_dict, config_to_dict
 from dgemma.config import ModelConfig
+from dgemma.training.state import debiased_average, model_params
 
 RUN_FILE = "run.json"
 
@@ -116,7 +117,6 @@ def load_inference(workdir: str, step: int | None = None,
                    ema_decay: float | None = None) -> tuple[ModelConfig, dict, dict]:
   """(config, params, metadata) of a run's latest (or given) checkpoint, LoRA merged into the weights; with
   `ema_decay`, the run's moving average of that decay (bias-corrected, as train.py exports it)."""
-  from dgemma.training.state import debiased_average, model_params  # avoids an import cycle at module load
   run_file = os.path.join(workdir, RUN_FILE)
   if not os.path.exists(run_file):
     raise FileNotFoundError(f"{workdir} has checkpoints/ but no {RUN_FILE}; is it a dgemma training workdir?")

@@ -7,7 +7,6 @@ from typing import Any
 import ml_collections
 
 from dgemma import config as model_configs
-from dgemma.config import ModelConfig
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
@@ -24,20 +23,7 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
   return out
 
 
-PRESETS = {
-    "tiny_moe": model_configs.tiny_moe,
-    "diffusiongemma_26b_a4b": model_configs.diffusiongemma_26b_a4b,
-    "small_dense": model_configs.small_dense,
-}
-
-
-def model_config(preset: str, overrides: dict) -> ModelConfig:
-  if preset not in PRESETS:
-    raise ValueError(f"unknown model preset {preset!r}; choose from {sorted(PRESETS)}")
-  try:
-    return PRESETS[preset](**overrides)
-  except TypeError as e:
-    raise ValueError(f"bad model override for preset {preset!r}: {e}") from None
+model_config = model_configs.from_preset  # (config.model_preset, config.model overrides) -> ModelConfig
 
 
 def sampling_metadata(c: ml_collections.ConfigDict, init_metadata: dict | None = None) -> dict:

@@ -5,7 +5,7 @@ import dataclasses
 import jax
 import numpy as np
 
-from dgemma import checkpoints, model
+from dgemma import checkpoints, loading, model
 from dgemma.config import tiny_moe
 from tests.script_loader import load_script
 
@@ -23,7 +23,7 @@ def test_average_is_the_leafwise_mean(tmp_path, capsys):
   script = load_script("scripts/average_models.py")
   paths = ",".join(str(tmp_path / f"m{i}") for i in range(3))
   assert script.main(["average_models.py", f"--ckpt={paths}", f"--out={tmp_path / 'avg'}"]) == 0
-  config, got, metadata = checkpoints.load_model(str(tmp_path / "avg"))  # checks shapes against the config
+  config, got, metadata = loading.load_model(str(tmp_path / "avg"))  # checks shapes against the config
   assert config == CONFIG
   assert metadata["task"] == {"name": "t0"} and len(metadata["averaged_from"]) == 3
   flat_got = checkpoints.native.flatten(got)

@@ -112,7 +112,8 @@ def test_export_refuses_a_local_last_layer(tmp_path):
 
 
 def test_native_round_trip(tmp_path):
-  from dgemma.checkpoints import load_model, save_model
+  from dgemma.checkpoints import save_model
+  from dgemma.loading import load_model
   config = tiny_moe()
   params = model.init_params(config, jax.random.key(3))
   save_model(str(tmp_path / "native"), config, params, {"task": "demo"})
@@ -122,7 +123,7 @@ def test_native_round_trip(tmp_path):
 
 
 def test_load_model_rejects_non_checkpoint(tmp_path):
-  from dgemma.checkpoints import load_model
+  from dgemma.loading import load_model
   with pytest.raises(ValueError, match="is not a checkpoint"):
     load_model(str(tmp_path))
   with pytest.raises(FileNotFoundError, match="does not exist"):

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dgemma import checkpoints, grow, model
+from dgemma import checkpoints, grow, loading, model
 from dgemma.config import GLOBAL, LOCAL, tiny_moe
 from tests.script_loader import load_script
 
@@ -72,7 +72,7 @@ def test_script_writes_a_loadable_deeper_checkpoint(params, tmp_path, capsys):
   checkpoints.save_model(src, CONFIG, params, {"task": {"name": "demo"}})
   script = load_script("scripts/grow_model.py")
   assert script.main(["grow_model.py", f"--ckpt={src}", f"--out={out}"]) == 0
-  config, grown, metadata = checkpoints.load_model(out)  # checks the parameter shapes against the config
+  config, grown, metadata = loading.load_model(out)  # checks the parameter shapes against the config
   assert config.num_layers == 2 * CONFIG.num_layers and metadata["task"] == {"name": "demo"}
   for got, want in zip(_logits(grown, config), _logits(params, CONFIG)):
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)

@@ -95,7 +95,7 @@ def test_right_padded_batch(checkpoint):
 
 def test_export_round_trip(checkpoint, tmp_path):
   from transformers import DiffusionGemmaForBlockDiffusion
-  from dgemma.checkpoints import load_model
+  from dgemma.loading import load_model
   hf, config, params, _ = checkpoint
   config = config.replace(stop_ids=(1, 7))
   knobs = dict(max_denoising_steps=12, t_max=0.9, t_min=0.3, entropy_bound=0.2, stability_threshold=2,

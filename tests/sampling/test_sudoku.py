@@ -205,7 +205,7 @@ def test_shipped_checkpoint_solves_with_its_recorded_sampler(capsys, asset):
 def test_eval_samples_answer_with_a_sample_that_obeys_the_rules(tmp_path):
   """--samples=K: a puzzle counts as solved exactly when one of its K samples is its (unique) solution, checked
   here against the solutions, which the script never sees; steps add up over the samples."""
-  from dgemma.checkpoints import load_model
+  from dgemma.loading import load_model
   from dgemma.sampling import sampler_config
   evaluator = load_script("scripts/eval_sudoku.py")
   path = str(ROOT / "assets/sudoku-small")
@@ -236,7 +236,7 @@ def test_eval_samples_answer_with_a_sample_that_obeys_the_rules(tmp_path):
 def test_sample_script_answers_with_the_first_draw_that_obeys_the_rules(capsys, tmp_path):
   """sample.py --samples=K prints the first of K draws that is a solution. The K draws are recomputed with
   `solve` (same batch, same key) and judged against the solver's unique solution, which sample.py never sees."""
-  from dgemma.checkpoints import load_model
+  from dgemma.loading import load_model
   from dgemma.sampling import sampler_config
   path, k = str(ROOT / "assets/sudoku-small"), 6
   generated = sudoku.generate_dataset(4, 99, 26, 30)
@@ -274,7 +274,7 @@ def test_restarts_are_fresh_attempts_of_the_plain_sampler():
   that never stops ends with its last attempt after L*K steps. The plain runs are the reference, computed apart."""
   import dataclasses
 
-  from dgemma.checkpoints import load_model
+  from dgemma.loading import load_model
   from dgemma.sampling import generate, sampler_config
   from dgemma.sampling.generate import RESTART_SALT, row_keys
   path = str(ROOT / "assets/sudoku-small")

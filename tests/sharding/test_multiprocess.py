@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import train
-from dgemma.checkpoints import load_model
+from dgemma.loading import load_model
 from dgemma.training import checkpointing, metrics
 from tests.sharding import common
 

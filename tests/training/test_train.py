@@ -10,7 +10,7 @@ import pytest
 
 import train
 from configs import sft_sudoku
-from dgemma.checkpoints import load_model
+from dgemma.loading import load_model
 from dgemma.training import checkpointing, metrics
 from tests.script_loader import load_script
 

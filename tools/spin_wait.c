@@ -1,9 +1,9 @@
 // Makes XLA:CPU's idle intra-op workers spin for a while before they sleep: an LD_PRELOAD experiment for the
-// sampler benchmark (README, "Spinning workers"). On this 2-vCPU VM waking a sleeping thread costs ~35 us
-// (scripts/handoff_latency.c) and XLA:CPU wakes its parked worker ~27 times per denoising step; OpenMP's workers,
+// sampler benchmark (docs/performance.md). On this 2-vCPU VM waking a sleeping thread costs ~35 us
+// (tools/handoff_latency.c) and XLA:CPU wakes its parked worker ~27 times per denoising step; OpenMP's workers,
 // which torch uses, spin by default.
 //
-//   gcc -O2 -shared -fPIC -pthread scripts/spin_wait.c -o /tmp/spin_wait.so -ldl
+//   gcc -O2 -shared -fPIC -pthread tools/spin_wait.c -o /tmp/spin_wait.so -ldl
 //   LD_PRELOAD=/tmp/spin_wait.so python scripts/bench_sampler.py --matmul_dtype=bfloat16
 //
 // The workers park in two ways, and both are wrapped: Eigen's thread pool waits on a std::condition_variable,

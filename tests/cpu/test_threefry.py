@@ -1,6 +1,8 @@
-"""The straight-line threefry lowering that dgemma.sampling registers for CPU gives JAX's random bits exactly."""
+"""The straight-line threefry lowering that dgemma.sampling registers for CPU (dgemma/cpu/threefry.py) gives JAX's
+random bits exactly, and its switch turns it off."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -9,7 +11,7 @@ import jax.extend.random as jax_random
 import jax.numpy as jnp
 import numpy as np
 
-from dgemma.sampling import cpu_threefry
+from dgemma.cpu import threefry as cpu_threefry
 
 # Known-answer vectors of Threefry-2x32 with 20 rounds (Random123's kat_vectors): key, counter -> output.
 KAT = [((0x00000000, 0x00000000), (0x00000000, 0x00000000), (0x6b200159, 0x99ba4efe)),
@@ -54,3 +56,18 @@ def test_draws_equal_jax_rolled_lowering_and_compile_without_loops():
                                   err_msg=name)
   hlo = ours.lower(scope["keys"]).compile().as_text()
   assert " while(" not in hlo, "the threefry hash still compiles to a loop"
+
+
+def test_switch_keeps_jax_lowering():
+  """DGEMMA_CPU_THREEFRY=0: importing the sampler registers nothing, and the hash still compiles to JAX's loop."""
+  code = DRAWS + """
+import jax.extend.random as jax_random
+from dgemma.cpu import threefry
+import dgemma.sampling  # registers the lowering at import unless switched off
+hlo = jax.jit(jax_random.threefry_2x32).lower(jnp.zeros(2, jnp.uint32), jnp.zeros(8, jnp.uint32)).compile().as_text()
+print(threefry.use_unrolled_threefry_on_cpu(), " while(" in hlo)
+"""
+  for value, expected in (("0", "False True"), ("1", "True False")):
+    env = {**os.environ, "DGEMMA_CPU_THREEFRY": value, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.split("\n")[-2] == expected, (value, out.stdout, out.stderr[-2000:])

@@ -4,7 +4,7 @@
 The kernel is compiled from source with the system C++ compiler (`$CXX`, else `g++`; `-O3 -march=native`) the
 first time a process needs it, and cached in `$DGEMMA_CACHE_DIR` (default `~/.cache/dgemma`) under a key of the
 source, the compiler, the jaxlib version and the CPU's features, so that a changed file or a different machine
-rebuilds (~5 s). `SamplerConfig(token_stats=...)` chooses: "auto" (the kernel on a single CPU device where it builds
+rebuilds. `SamplerConfig(token_stats=...)` chooses: "auto" (the kernel on a single CPU device where it builds
 and the vocabulary is a multiple of 16, with a one-time warning naming the reason if it fails to build), "cpu" (the
 kernel or a one-line error), "xla".
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import math
 import os
 import platform
 import shlex
@@ -28,13 +29,13 @@ import sys
 import tempfile
 import warnings
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import jaxlib
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
-from dgemma.sampling import acceptance
 
 IMPLS = ("auto", "cpu", "xla")
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "token_stats.cc")
@@ -43,6 +44,24 @@ _TARGETS = {None: ("dgemma_token_stats", "DgemmaTokenStats"),
             jnp.dtype(jnp.float32): ("dgemma_token_stats_f32", "DgemmaTokenStatsF32"),
             jnp.dtype(jnp.bfloat16): ("dgemma_token_stats_bf16", "DgemmaTokenStatsBf16")}
 LANES = 16
+
+
+# The contract of both implementations (this kernel and `dgemma.sampling.acceptance.analyse`, which imports it).
+@flax.struct.dataclass
+class TokenStats:
+  """What one step needs from the tempered distribution at each position."""
+  argmax: Int[Array, "B C"]  # first arg-max (ties go to the lowest id, as torch.argmax)
+  entropy: Float[Array, "B C"]  # nats
+  sample: Int[Array, "B C"] | None  # a draw from softmax(logits), when uniforms were given
+  probs: Float[Array, "B C V"] | None = None  # softmax(logits), float32, when asked for
+
+
+def block_size(vocab_size: int) -> int:
+  """The divisor of `vocab_size` closest to its square root (512 for 262144, 64 for 4096)."""
+  root = math.sqrt(vocab_size)
+  divisors = [d for d in range(1, math.isqrt(vocab_size) + 1) if vocab_size % d == 0]
+  divisors += [vocab_size // d for d in divisors]
+  return min(divisors, key=lambda d: (abs(d - root), d))
 
 
 class KernelUnavailable(RuntimeError):
@@ -142,12 +161,12 @@ def load() -> None:
 
 
 def kernel_block(vocab_size: int) -> int | None:
-  """The inverse CDF's first level for the kernel: the reference's block (`acceptance.block_size`) when it is a
+  """The inverse CDF's first level for the kernel: the reference's block (`block_size`) when it is a
   multiple of 16, else the smallest multiple of 16 above it that divides the vocabulary; None when the vocabulary
   is not a multiple of 16 (the kernel reads whole groups of 16)."""
   if vocab_size % LANES:
     return None
-  block = acceptance.block_size(vocab_size)
+  block = block_size(vocab_size)
   if block % LANES == 0:
     return block
   return next(k for k in range(LANES, vocab_size + 1, LANES) if k >= block and vocab_size % k == 0)
@@ -184,7 +203,7 @@ def resolve(choice: str, vocab_size: int) -> str:
 
 
 def token_stats(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "B C"],
-                temperature: float | Array = 1.0, probs_dtype=None) -> acceptance.TokenStats:
+                temperature: float | Array = 1.0, probs_dtype=None) -> TokenStats:
   """`acceptance.analyse(logits, uniform, with_probs=probs_dtype is not None, temperature)` as one kernel call,
   the probabilities (if asked for) written directly in `probs_dtype` (float32 or bfloat16).
 
@@ -206,5 +225,5 @@ def token_stats(logits_BxCxV: Float[Array, "B C V"], uniform_BxC: Float[Array, "
   out = jax.ffi.ffi_call(_TARGETS[key][0], results, vmap_method="broadcast_all")(
       logits_BxCxV.astype(jnp.float32), jnp.broadcast_to(uniform_BxC, shape).astype(jnp.float32), inv_t,
       block=np.int64(block))
-  return acceptance.TokenStats(argmax=out[0], entropy=out[1], sample=out[2],
+  return TokenStats(argmax=out[0], entropy=out[1], sample=out[2],
                                probs=out[3] if key is not None else None)

@@ -1,4 +1,4 @@
-"""The entry points' restart with transparent huge pages (dgemma/huge_pages.py): the environment it sets, when it
+"""The entry points' restart with transparent huge pages (dgemma/cpu/huge_pages.py): the environment it sets, when it
 stays out of the way, and that the restarted process really takes memory in huge pages (fewer page faults)."""
 
 import os
@@ -7,14 +7,14 @@ import sys
 
 import pytest
 
-from dgemma import huge_pages
+from dgemma.cpu import huge_pages
 
 # Restarts itself, then touches 256 MiB in one block from glibc's malloc (as XLA:CPU allocates; numpy would advise
 # huge pages by itself) and prints the tunables and the minor page faults it took.
 _PROBE = """
 import ctypes, os, resource, sys
 sys.path.insert(0, {root!r})
-from dgemma import huge_pages
+from dgemma.cpu import huge_pages
 huge_pages.restart_with_huge_pages()
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p

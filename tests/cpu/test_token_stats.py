@@ -1,4 +1,4 @@
-"""The sampler's CPU kernel (dgemma/sampling/token_stats.cc) against its XLA reference `acceptance.analyse`, a
+"""The sampler's CPU kernel (dgemma/cpu/token_stats.cc) against its XLA reference `acceptance.analyse`, a
 float64 inverse CDF and the sampler's other path end to end; and how SamplerConfig chooses it."""
 
 import dataclasses
@@ -12,7 +12,8 @@ import pytest
 
 from dgemma import model
 from dgemma.config import tiny_moe
-from dgemma.sampling import SamplerConfig, acceptance, cpu_kernel, generate
+from dgemma.cpu import token_stats as cpu_kernel
+from dgemma.sampling import SamplerConfig, acceptance, generate
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="a CPU kernel")
 

@@ -6,7 +6,7 @@
 // formulas are those of `dgemma.sampling.acceptance.analyse` (XLA), the reference the tests compare against.
 // Each row is read once for its maximum and once for exp((logits - max) / t) with its sums; the rest reads the
 // exponentials back while they are still in cache. XLA:CPU runs the same work as five or six passes over
-// memory, one kernel each, which cost ~0.3 ms of a ~4 ms denoising step on the benchmark's model.
+// memory, one kernel each.
 //
 // Written with GCC / Clang vector extensions of 16 float lanes: AVX-512 registers where -march=native has them,
 // pairs of AVX2 registers (or narrower) elsewhere.

@@ -1,7 +1,7 @@
 // How long one thread takes to hand work to a thread on the other core and get an answer back: the cost XLA:CPU
-// pays whenever a parallel operation has to wake a sleeping worker (README, "Sampling", the hand-off paragraph).
+// pays whenever a parallel operation has to wake a sleeping worker (docs/performance.md).
 //
-//   gcc -O2 -pthread scripts/handoff_latency.c -o /tmp/handoff_latency && /tmp/handoff_latency
+//   gcc -O2 -pthread tools/handoff_latency.c -o /tmp/handoff_latency && /tmp/handoff_latency
 //
 // Two threads pinned to CPUs 0 and 1 pass a counter back and forth, 20,000 round trips, first sleeping in
 // futex waits between turns (how thread pools park idle workers), then busy-polling (how a spinning worker waits).
