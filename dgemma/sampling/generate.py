@@ -37,8 +37,8 @@ from dgemma.config import ModelConfig
 from dgemma.model.cache import KVCache, init_cache
 from dgemma.model.transformer import DiffusionGemma
 from dgemma.sampling import acceptance, cpu_kernel, schedules, stopping
-from dgemma.sampling.cpu_threefry import use_unrolled_threefry_on_cpu
 from dgemma.sampling import restarts
+from dgemma.sampling.cpu_threefry import use_unrolled_threefry_on_cpu
 from dgemma.sampling.config import RECORDABLE, SamplerConfig, sampler_config, self_conditioning_for  # noqa: F401
 from dgemma.sampling.randomness import check_rng, per_row, row_keys, split_per_row, uniform_tokens
 from dgemma.sampling.restarts import RESTART_SALT  # noqa: F401 (the public name of attempt j's salt)
