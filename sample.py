@@ -13,7 +13,6 @@ has a flag; the defaults are the released model's.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
@@ -23,6 +22,7 @@ from absl import flags
 from dgemma import cli
 from dgemma.config import MOE_IMPLS
 from dgemma.cpu import huge_pages
+from dgemma.sampling import flags as sampler_flags
 
 FLAGS = flags.FlagValues()  # private: this module can be imported next to other scripts
 _D = dict(flag_values=FLAGS)
@@ -33,25 +33,11 @@ flags.DEFINE_string("prompt_ids", None, "Token ids instead of text, comma-separa
 flags.DEFINE_string("prompts_file", None, "A file with one prompt (or puzzle) per line, run as one batch.", **_D)
 flags.DEFINE_enum("chat", "auto", ["auto", "on", "off"],
                   "Wrap text prompts in the tokenizer's chat template (auto: when it has one).", **_D)
-flags.DEFINE_integer("max_new_tokens", 256, "Generate canvases until at least this many tokens.", **_D)
-# Sampler knobs left unset take the checkpoint's recorded defaults, else the released model's (in brackets).
-flags.DEFINE_integer("steps", None, "Maximum denoising steps per canvas [48].", **_D)
-flags.DEFINE_float("entropy_bound", None, "Entropy budget of the acceptance rule [0.1].", **_D)
-flags.DEFINE_float("t_max", None, "Temperature at the first step [0.8].", **_D)
-flags.DEFINE_float("t_min", None, "Temperature the schedule approaches at the last step [0.4].", **_D)
-flags.DEFINE_enum("schedule", None, ["linear", "cosine", "constant"], "Temperature schedule [linear].", **_D)
-flags.DEFINE_bool("adaptive_stopping", None, "Stop a row's canvas once it is stable and confident [true].", **_D)
-flags.DEFINE_integer("stability_threshold", None, "Previous argmax canvases that must match to stop [1].", **_D)
-flags.DEFINE_float("confidence_threshold", None, "Mean entropy below which a canvas is confident [0.005].", **_D)
-flags.DEFINE_integer("restart_after", None, "Restart a row not stopped after this many steps of its attempt, "
-                     "within --steps (0: never) [0].", **_D)
+# One flag per sampler knob (--steps, --t_max, ...; dgemma/sampling/flags.py), unset by default: a knob left unset
+# takes the checkpoint's recorded default, else SamplerConfig's (in brackets). --show_steps* ask for the trajectory.
+sampler_flags.define(FLAGS, skip=("return_trajectory",))
 flags.DEFINE_integer("samples", 1, "Sudoku: draw each puzzle this many times (in one batch) and answer with the "
                      "first draw that keeps the clues and obeys the rules.", **_D)
-flags.DEFINE_integer("canvas_length", 0, "Canvas length (0: the model's).", **_D)
-flags.DEFINE_string("stop_ids", None, "Comma-separated stop token ids, or 'none' to never stop early (default: the "
-                    "model's).", **_D)
-flags.DEFINE_enum("self_conditioning", "auto", ["auto", "on", "off"],
-                  "Feed each step the previous logits (auto: unless the checkpoint was trained without).", **_D)
 flags.DEFINE_integer("seed", 0, "Random seed.", **_D)
 flags.DEFINE_enum("moe_impl", None, list(MOE_IMPLS),
                   "How to compute the MoE experts (default: the checkpoint's choice). 'dense' runs every "
@@ -60,13 +46,6 @@ flags.DEFINE_enum("matmul_dtype", None, ["bfloat16"],
                   "'bfloat16': hold the weights and activations in float32 and multiply bf16 operands with float32 "
                   "accumulation (for a bf16 checkpoint, its exact weights). On CPUs with AMX (Intel Sapphire "
                   "Rapids and later) about twice as fast as float32 or bfloat16 through XLA:CPU.", **_D)
-flags.DEFINE_bool("cache_per_canvas", None, "Each canvas attends over the cache written before it (doubling buckets, "
-                  "one compiled step loop per bucket); false: every canvas over the whole cache, one step loop "
-                  "[true, but false with the Pallas attention kernel].", **_D)
-flags.DEFINE_enum("token_stats", "auto", ["auto", "cpu", "xla"],
-                  "How each step's arg-max, entropy, sample and softmax run: 'cpu', one C++ kernel built on first use "
-                  "with the system compiler ($CXX or g++); 'xla', plain XLA; 'auto', the kernel on CPU where it builds.",
-                  **_D)
 flags.DEFINE_integer("max_cache_len", 32768, "Largest KV cache (prompt + generated tokens) to allow.", **_D)
 flags.DEFINE_bool("show_steps", False, "Show the canvas converging step by step in the terminal.", **_D)
 flags.DEFINE_string("show_steps_html", None, "Also write the step-by-step animation to this HTML file.", **_D)
@@ -184,17 +163,9 @@ def _prompts() -> list[str]:
 
 
 def _sampler_config(metadata: dict | None = None):
-  from dgemma.sampling import sampler_config
-  return sampler_config(
-      metadata, max_denoising_steps=FLAGS.steps, entropy_bound=FLAGS.entropy_bound, t_max=FLAGS.t_max,
-      t_min=FLAGS.t_min, schedule=FLAGS.schedule, adaptive_stopping=FLAGS.adaptive_stopping,
-      stability_threshold=FLAGS.stability_threshold, confidence_threshold=FLAGS.confidence_threshold,
-      restart_after=FLAGS.restart_after, max_new_tokens=FLAGS.max_new_tokens,
-      canvas_length=FLAGS.canvas_length or None,
-      stop_ids=(None if FLAGS.stop_ids is None else () if FLAGS.stop_ids.strip().lower() == "none"
-                else tuple(_int_list(FLAGS.stop_ids, "--stop_ids"))),
-      return_trajectory=bool(FLAGS.show_steps or FLAGS.show_steps_html or FLAGS.show_steps_gif),
-      cache_per_canvas=FLAGS.cache_per_canvas, token_stats=FLAGS.token_stats)
+  """The sampler knobs: the flags, else the checkpoint's recorded defaults, else SamplerConfig's."""
+  return sampler_flags.sampler_config(
+      FLAGS, metadata, return_trajectory=bool(FLAGS.show_steps or FLAGS.show_steps_html or FLAGS.show_steps_gif))
 
 
 def _load(path: str):
@@ -227,7 +198,7 @@ def run() -> int:
   from dgemma.data import sudoku
   from dgemma.sampling import display
   from dgemma.sampling import sudoku as sudoku_sampling
-  from dgemma.sampling.generate import compile_generate, self_conditioning_for
+  from dgemma.sampling.generate import compile_generate
 
   from dgemma import sharding
 
@@ -244,8 +215,7 @@ def run() -> int:
       raise ValueError("--show_steps_gif needs Pillow (pip install pillow); --show_steps_html needs nothing") \
           from None
   config, params, metadata = _load(FLAGS.ckpt)
-  sampler = dataclasses.replace(_sampler_config(metadata),  # knobs: the flags, else the checkpoint's
-                                self_conditioning=self_conditioning_for(metadata, FLAGS.self_conditioning))
+  sampler = _sampler_config(metadata)
   if FLAGS.moe_impl is not None:  # how the experts are computed, not what: any checkpoint takes any choice
     config = config.replace(moe_impl=FLAGS.moe_impl)
   if FLAGS.matmul_dtype:  # bf16 -> float32 is exact, so the matmuls see the checkpoint's own bf16 weights

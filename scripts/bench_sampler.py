@@ -35,6 +35,7 @@ from absl import flags  # noqa: E402
 from dgemma import cli  # noqa: E402
 from dgemma.config import MOE_IMPLS  # noqa: E402
 from dgemma.cpu import huge_pages  # noqa: E402
+from dgemma.sampling import flags as sampler_flags  # noqa: E402
 
 FLAGS = flags.FlagValues()
 _D = dict(flag_values=FLAGS)
@@ -45,11 +46,8 @@ flags.DEFINE_integer("layers", 4, "Layers of the random checkpoint (the last one
 flags.DEFINE_integer("experts", 8, "Experts of the random checkpoint (top-2).", **_D)
 flags.DEFINE_integer("canvas", 64, "Canvas length.", **_D)
 flags.DEFINE_integer("canvases", 1, "Canvases to generate (max_new_tokens = canvases * canvas).", **_D)
-flags.DEFINE_bool("cache_per_canvas", None, "Our sampler: each canvas attends over the cache written before it "
-                  "(SamplerConfig.cache_per_canvas); false: over the whole cache [true with XLA attention].", **_D)
-flags.DEFINE_enum("token_stats", "auto", ["auto", "cpu", "xla"], "Our sampler: how each step's arg-max, entropy, "
-                  "sample and softmax run (SamplerConfig.token_stats): the C++ kernel, plain XLA, or 'auto'.", **_D)
-flags.DEFINE_integer("steps", 48, "Denoising steps per canvas.", **_D)
+# Our sampler's knobs that the comparison varies (dgemma/sampling/flags.py); the others are the references' defaults.
+sampler_flags.define(FLAGS, only=("max_denoising_steps", "cache_per_canvas", "token_stats"))
 flags.DEFINE_integer("prompt_len", 32, "Prompt length.", **_D)
 flags.DEFINE_integer("batch", 1, "Batch size.", **_D)
 flags.DEFINE_integer("repeats", 5, "Timed runs of each JAX program (the median is reported).", **_D)
@@ -213,17 +211,18 @@ def run() -> dict:
   params = jax.tree.map(lambda x: x.astype(FLAGS.dtype).astype(ours_dtype), params)
   config = config.replace(canvas_length=FLAGS.canvas, moe_impl=FLAGS.moe_impl, param_dtype=ours_dtype,
                           matmul_dtype=FLAGS.matmul_dtype)
-  c, n_steps, b = FLAGS.canvas, FLAGS.steps, FLAGS.batch
+  c, b = FLAGS.canvas, FLAGS.batch
   new_tokens = FLAGS.canvases * c
+  # Our sampler: the flags, else the reference defaults; stop tokens off on all sides, so that the work is the same.
+  sampler = sampler_flags.sampler_config(FLAGS, max_new_tokens=new_tokens, canvas_length=c, stop_ids=())
+  n_steps = sampler.max_denoising_steps
   rng = np.random.default_rng(FLAGS.seed)
   prompt = rng.integers(3, config.vocab_size, (b, FLAGS.prompt_len)).astype(np.int32)
   valid = np.ones_like(prompt, bool)
   key = jax.random.key(FLAGS.seed)
   results = {}
 
-  # 1. Our sampler, with the reference defaults apart from the step count.
-  sampler = SamplerConfig(max_denoising_steps=n_steps, max_new_tokens=new_tokens, canvas_length=c, stop_ids=(),
-                          cache_per_canvas=FLAGS.cache_per_canvas, token_stats=FLAGS.token_stats)
+  # 1. Our sampler.
   ours, compile_s = compile_generate(params, config, prompt, valid, key, sampler)
   seconds, out = _median_time(lambda: ours(prompt, valid, key), FLAGS.repeats)
   passes = int(np.asarray(out.steps_per_canvas).sum())
@@ -273,7 +272,7 @@ def run() -> dict:
   # and then the fixed-step sampler is measured and the report says so. (In bf16-matmul mode XLA:CPU compiled the
   # fixed-step program ~0.7 ms/step slower, though it does less: a scheduling effect, not sampler work.)
   one = SamplerConfig(max_denoising_steps=n_steps, max_new_tokens=c, canvas_length=c, stop_ids=(),
-                      token_stats=FLAGS.token_stats)
+                      token_stats=sampler.token_stats)
   sampler_one, _ = compile_generate(params, config, prompt, valid, key, one)
   if not (np.asarray(sampler_one(prompt, valid, key).steps_per_canvas) == n_steps).all():
     one = dataclasses.replace(one, adaptive_stopping=False)

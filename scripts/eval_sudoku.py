@@ -30,6 +30,7 @@ from absl import flags  # noqa: E402
 
 from dgemma import cli  # noqa: E402
 from dgemma.cpu import huge_pages  # noqa: E402
+from dgemma.sampling import flags as sampler_flags  # noqa: E402
 
 FLAGS = flags.FlagValues()
 _D = dict(flag_values=FLAGS)
@@ -38,19 +39,10 @@ flags.DEFINE_string("data", None, "Puzzles: a .csv or an .npz from generate_data
 flags.DEFINE_integer("limit", 0, "Evaluate only the first N puzzles (0: all).", **_D)
 flags.DEFINE_integer("batch_size", 64, "Puzzles per batch.", **_D)
 flags.DEFINE_enum("mode", "diffusion", ["diffusion", "ar", "both"], "Which decoder(s) to evaluate.", **_D)
-# Sampler knobs left unset take the checkpoint's recorded defaults, else the released model's (in brackets).
-flags.DEFINE_integer("max_steps", None, "Maximum denoising steps [48].", **_D)
-flags.DEFINE_bool("adaptive_stopping", None, "Stop a puzzle once stable and confident [true].", **_D)
-flags.DEFINE_float("entropy_bound", None, "Entropy budget of the acceptance rule [0.1].", **_D)
-flags.DEFINE_float("t_max", None, "Temperature at the first step [0.8].", **_D)
-flags.DEFINE_float("t_min", None, "Temperature approached at the last step [0.4].", **_D)
-flags.DEFINE_enum("schedule", None, ["linear", "cosine", "constant"], "Temperature schedule [linear].", **_D)
-flags.DEFINE_integer("stability_threshold", None, "Previous argmax canvases that must match to stop [1].", **_D)
-flags.DEFINE_float("confidence_threshold", None, "Mean entropy below which a canvas is confident [0.005].", **_D)
-flags.DEFINE_integer("restart_after", None, "Restart a puzzle not stopped after this many steps of its attempt, "
-                     "within max_steps (0: never) [0].", **_D)
-flags.DEFINE_enum("self_conditioning", "auto", ["auto", "on", "off"],
-                  "Feed each step the previous logits (auto: on if the checkpoint was trained with it).", **_D)
+# One flag per sampler knob but those the task fixes (dgemma/sampling/flags.py), unset by default: a knob left unset
+# takes the checkpoint's recorded default, else SamplerConfig's (in brackets). --max_steps: this script's old name.
+sampler_flags.define(FLAGS, skip=("max_new_tokens", "canvas_length", "stop_ids", "return_trajectory"))
+flags.DEFINE_alias("max_steps", sampler_flags.flag_name("max_denoising_steps"), flag_values=FLAGS)
 flags.DEFINE_float("ar_temperature", 0.0, "Autoregressive baseline temperature (0: greedy).", **_D)
 flags.DEFINE_integer("seed", 0, "Random seed.", **_D)
 flags.DEFINE_integer("samples", 1, "Samples per puzzle; the answer is the first that obeys the rules.", **_D)
@@ -212,7 +204,6 @@ def _print(name: str, r: dict) -> None:
 
 
 def run() -> int:
-  from dgemma.sampling import sampler_config, self_conditioning_for
   from dgemma.sampling import sudoku as sudoku_sampling
 
   if not FLAGS.ckpt or not FLAGS.data:
@@ -231,11 +222,7 @@ def run() -> int:
   except Exception as e:
     raise ValueError(f"cannot load checkpoint {FLAGS.ckpt}: {str(e).splitlines()[0] if str(e) else e!r}") from None
   task = sudoku_sampling.load_task(config, metadata, FLAGS.ckpt)
-  sampler = sampler_config(  # knobs: the flags, else the checkpoint's recorded defaults, else the released model's
-      metadata, max_denoising_steps=FLAGS.max_steps, entropy_bound=FLAGS.entropy_bound, t_max=FLAGS.t_max,
-      t_min=FLAGS.t_min, schedule=FLAGS.schedule, adaptive_stopping=FLAGS.adaptive_stopping,
-      stability_threshold=FLAGS.stability_threshold, confidence_threshold=FLAGS.confidence_threshold,
-      restart_after=FLAGS.restart_after, self_conditioning=self_conditioning_for(metadata, FLAGS.self_conditioning))
+  sampler = sampler_flags.sampler_config(FLAGS, metadata)  # the flags, else the checkpoint's, else SamplerConfig's
 
   settings = {"ckpt": FLAGS.ckpt, "task": task.name, "data": FLAGS.data, "max_steps": sampler.max_denoising_steps,
               "adaptive_stopping": sampler.adaptive_stopping, "t_max": sampler.t_max, "t_min": sampler.t_min,

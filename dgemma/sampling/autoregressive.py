@@ -20,7 +20,7 @@ from dgemma.config import ModelConfig
 from dgemma.model.cache import KVCache, init_cache
 from dgemma.model.transformer import DiffusionGemma
 from dgemma.sampling import acceptance
-from dgemma.sampling.generate import check_rng, row_keys
+from dgemma.sampling.randomness import check_rng, row_keys
 
 
 @dataclasses.dataclass(frozen=True)
