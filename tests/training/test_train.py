@@ -11,6 +11,7 @@ import pytest
 import train
 from configs import sft_sudoku
 from dgemma.checkpoints import load_model
+from dgemma.diffusion.config import ObjectiveConfig
 from dgemma.training import checkpointing, metrics
 from tests.script_loader import load_script
 
@@ -87,7 +88,7 @@ def test_moving_averages_are_the_weighted_average_of_the_iterates(tmp_path):
   decays = (0.9, 0.5)
   tx = optimizer.make_optimizer(c.optimizer)
   state = state_lib.create(train.build_model(c)[1], tx, 0, jax.random.key(1), ema_decays=decays)
-  step = state_lib.make_train_step(config, c.diffusion, tx, c.seed, ema_decays=decays)
+  step = state_lib.make_train_step(config, ObjectiveConfig.from_config(c.diffusion), tx, c.seed, ema_decays=decays)
   dataset = iter(train.build_data(c, config)[0])
   iterates = []
   for _ in range(4):
