@@ -67,8 +67,7 @@ def loss_fn(params: dict, config: ModelConfig, objective: ObjectiveConfig, batch
   x_t, _ = corruption.corrupt(noise_rng, canvas, alpha, config.vocab_size)
   if objective.ordered_noise_prob > 0:  # corrupt late-deduced tokens first (batch["noise_rank"])
     if "noise_rank" not in batch:
-      raise ValueError("diffusion.ordered_noise_prob > 0 needs a task whose batches carry 'noise_rank' "
-                       "(sudoku_digits)")
+      raise ValueError("diffusion.ordered_noise_prob > 0 needs a task whose batches carry 'noise_rank'")
     order_rng, pick_rng = jax.random.split(jax.random.fold_in(noise_rng, 1))
     x_ordered, _ = corruption.corrupt_in_order(order_rng, canvas, alpha, config.vocab_size,
                                                repeat(batch["noise_rank"]))
