@@ -29,6 +29,7 @@ from dgemma.checkpoints.native import config_to_dict
 from dgemma.cpu import huge_pages
 from dgemma.data import sudoku, sudoku_formats, sudoku_task, sudoku_text
 from dgemma.data.tokenizer import load_tokenizer
+from dgemma.diffusion.config import ObjectiveConfig
 from dgemma.training import checkpointing, evaluation, logs, metrics as metrics_lib, optimizer, state as state_lib
 from dgemma.training.config_utils import model_config, sampling_metadata
 
@@ -133,6 +134,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   for key in ("checkpoint_every", "log_every", "keep_checkpoints"):  # (0 would divide by zero or keep nothing)
     if isinstance(c[key], bool) or not isinstance(c[key], int) or c[key] < 1:
       raise ValueError(f"config.{key} must be a positive integer, got {c[key]!r}")
+  objective_config = ObjectiveConfig.from_config(c.diffusion)  # a bad objective knob stops the run here
   # --- Mesh and model -----------------------------------------------------------------------------
   mesh, rules = mesh_and_rules(c)
   shard = sharding.data_shard(mesh, rules, c.batch_size)  # also checks that the mesh divides the batch
@@ -176,7 +178,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
                            mesh=mesh, rules=rules, ema_decays=ema_decays)
   del params
   state_shardings = jax.tree.map(lambda x: x.sharding, state)
-  train_step = state_lib.make_train_step(config, c.diffusion, tx, c.seed, state_shardings,
+  train_step = state_lib.make_train_step(config, objective_config, tx, c.seed, state_shardings,
                                          sharding.batch_sharding(mesh, rules, c.batch_size), ema_decays)
 
   def weight_sets() -> list[tuple[str, object]]:

@@ -104,15 +104,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # first's logits, so the signal looks like the sampler's later steps'. 3% slower steps; at 2,800 steps
       # 73.1 vs 68.7% of blank cells, loss 0.16 vs 0.18 (README Results).
       self_cond_passes=1 if official else 2,
-      self_cond_random_passes=False,  # True: each SC row draws its pass count from 1..passes (README: 28% vs 47%)
-      self_cond_grad_passes=0,  # > 0: the last N passes before the scored one are trained through (backprop)
       ar_targets="all",  # "canvas": the AR loss only on the canvas (the prompt is given, never predicted)
       # Not in the official recipe: the share of examples whose corrupted cells are the ones a solver deduces
       # last (corruption.corrupt_in_order), so that training canvases look like the sampler's half-solved ones.
-      ordered_noise_prob=0.0,
-      # Not in the official recipe: each token's CE weighted by (1 - p(x0))^focus_gamma (MGDM's token-level
-      # reweighting), so the gradient goes to the cells the model still gets wrong; 0 = plain CE.
-      focus_gamma=0.0))
+      ordered_noise_prob=0.0))
   if args.objective == "ar":  # the autoregressive baseline: same backbone and data, causal, left to right
     c.diffusion.update(dict(diffusion_loss_weight=0.0, ar_loss_weight=1.0, ar_targets="canvas",
                             self_cond_prob=0.0))

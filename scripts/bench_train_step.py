@@ -36,6 +36,7 @@ from ml_collections import config_flags  # noqa: E402
 import train as train_lib  # noqa: E402  # the repository's train.py: the model, data and step a run uses
 from dgemma import cli  # noqa: E402
 from dgemma.cpu import huge_pages  # noqa: E402
+from dgemma.diffusion.config import ObjectiveConfig  # noqa: E402
 from dgemma.training import optimizer, state as state_lib  # noqa: E402
 
 FLAGS = flags.FlagValues()  # private: this module can be imported next to train.py and other scripts
@@ -55,7 +56,7 @@ def time_train_step(c, steps: int) -> dict:
   batches = iter(dataset)
   tx = optimizer.make_optimizer(c.optimizer)
   state = state_lib.create(params, tx, c.lora_rank, jax.random.key(c.seed + 1), c.optimizer.master_dtype)
-  step = state_lib.make_train_step(config, c.diffusion, tx, c.seed)
+  step = state_lib.make_train_step(config, ObjectiveConfig.from_config(c.diffusion), tx, c.seed)
   first = next(batches)
   t0 = time.perf_counter()
   compiled = step.lower(state, first).compile()

@@ -14,16 +14,6 @@ def token_cross_entropy(logits_BxLxV: Float[Array, "B L V"], targets_BxL: Int[Ar
   return -jnp.take_along_axis(logp, targets_BxL[..., None], axis=-1)[..., 0]
 
 
-def difficulty_weights(ce_BxL: Float[Array, "B L"], gamma: float) -> Float[Array, "B L"]:
-  """Per-token loss weights (1 - p_θ(x0))^gamma, p_θ(x0) = exp(-CE), held constant under differentiation.
-
-  Token-level reweighting as in MGDM (Ye et al. 2024, "Beyond Autoregression"): cells the model already gets
-  right weigh ~0 and the hard ones (in Sudoku, the cells that need search) keep their weight. Each token's
-  gradient keeps the direction of plain CE (the weight carries no gradient), so a target the context fixes is
-  still pushed to probability 1."""
-  return jax.lax.stop_gradient((-jnp.expm1(-ce_BxL)) ** gamma)
-
-
 def masked_mean(values_BxL: Array, mask_BxL: Bool[Array, "B L"]) -> Float[Array, "B"]:
   """Per-example mean over the mask (0 where the mask is empty)."""
   m = mask_BxL.astype(jnp.float32)

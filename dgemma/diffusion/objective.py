@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from jaxtyping import Array, Bool, Int
 
 from dgemma.config import ModelConfig
 from dgemma.diffusion import corruption, losses, schedules
+from dgemma.diffusion.config import ObjectiveConfig
 from dgemma.model.cache import init_cache
 from dgemma.model.transformer import DiffusionGemma
 
@@ -41,9 +41,9 @@ def take_canvas(x_BxNC: Array, s_B: Int[Array, "B"], canvas_len: int) -> Array:
   return x_BxNC.reshape(b, nc // canvas_len, canvas_len)[jnp.arange(b), s_B]
 
 
-def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, batch: Batch,
+def loss_fn(params: dict, config: ModelConfig, objective: ObjectiveConfig, batch: Batch,
             rng: jax.Array, step: int | jax.Array = 0) -> tuple[jax.Array, dict[str, Array]]:
-  """Total loss and per-step metrics. `cfg` is the `diffusion` section of the training config; `step` (the
+  """Total loss and per-step metrics. `objective` holds the knobs (validated when it was built); `step` (the
   training step) matters only to a noise-level curriculum (`t_tilt_steps`)."""
   model = DiffusionGemma(config)
   prompt, canvas, canvas_mask = batch["prompt"], batch["canvas"], batch["canvas_mask"]
@@ -52,36 +52,32 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
   if canvas.shape[1] % c:
     raise ValueError(f"canvas array of length {canvas.shape[1]} is not a whole number of canvases of {c}")
   t_rng, noise_rng, s_rng, sc_rng = jax.random.split(rng, 4)
-  # noise_draws = k (not in the official recipe): each example is denoised at k independent noise levels
-  # against one encoding of its prompt, so the encoder's forward and backward are shared by k denoiser rows.
-  draws = cfg.get("noise_draws", 1)
-  if draws < 1:
-    raise ValueError(f"diffusion.noise_draws must be >= 1, got {draws}")
+  # noise_draws = k: each example is denoised at k independent noise levels against one encoding of its
+  # prompt, so the encoder's forward and backward are shared by k denoiser rows.
+  draws = objective.noise_draws
   repeat = (lambda x: jnp.repeat(x, draws, axis=0)) if draws > 1 else (lambda x: x)
   clean, clean_mask = canvas, canvas_mask  # what the encoder reads: b rows
   canvas, canvas_mask = repeat(canvas), repeat(canvas_mask)  # what the denoiser scores: b·k rows
   bd = b * draws
 
   # 1. Noise level and corruption of every canvas.
-  tilt = corruption.tilt_at(step, cfg.get("t_tilt", 0.0), cfg.get("t_tilt_steps", 0))
-  t = corruption.sample_t(t_rng, bd, cfg.t_eps, tilt)
-  alpha, dalpha = schedules.alpha_and_derivative(cfg.schedule, t)
+  tilt = corruption.tilt_at(step, objective.t_tilt, objective.t_tilt_steps)
+  t = corruption.sample_t(t_rng, bd, objective.t_eps, tilt)
+  alpha, dalpha = schedules.alpha_and_derivative(objective.schedule, t)
   x_t, _ = corruption.corrupt(noise_rng, canvas, alpha, config.vocab_size)
-  ordered_prob = cfg.get("ordered_noise_prob", 0.0)
-  if ordered_prob > 0:  # a research option: corrupt late-deduced tokens first (batch["noise_rank"])
+  if objective.ordered_noise_prob > 0:  # corrupt late-deduced tokens first (batch["noise_rank"])
     if "noise_rank" not in batch:
-      raise ValueError("diffusion.ordered_noise_prob > 0 needs a task whose batches carry 'noise_rank' "
-                       "(sudoku_digits)")
+      raise ValueError("diffusion.ordered_noise_prob > 0 needs a task whose batches carry 'noise_rank'")
     order_rng, pick_rng = jax.random.split(jax.random.fold_in(noise_rng, 1))
     x_ordered, _ = corruption.corrupt_in_order(order_rng, canvas, alpha, config.vocab_size,
                                                repeat(batch["noise_rank"]))
-    x_t = jnp.where(jax.random.bernoulli(pick_rng, ordered_prob, (bd, 1)), x_ordered, x_t)
+    x_t = jnp.where(jax.random.bernoulli(pick_rng, objective.ordered_noise_prob, (bd, 1)), x_ordered, x_t)
   s = select_canvas(s_rng, canvas_mask, c)
 
   # 2. Encoder: causal pass over [prompt ‖ clean canvases] builds the cache and the AR logits.
   full = jnp.concatenate([prompt, clean], axis=1)
   valid = jnp.concatenate([prompt != config.pad_id, clean_mask], axis=1)
-  want_ar = cfg.ar_loss_weight > 0
+  want_ar = objective.ar_loss_weight > 0
   # Without the AR loss only what the denoiser reads is encoded: the last canvas is never context.
   enc_len = full.shape[1] if want_ar else full.shape[1] - c
   enc_logits, cache = model.apply({"params": params}, full[:, :enc_len], init_cache(config, b, enc_len),
@@ -89,17 +85,12 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
   metrics, total = {}, 0.0
   if want_ar:
     ar_mask = valid[:, :-1] & valid[:, 1:]
-    targets = cfg.get("ar_targets", "all")
-    if targets == "canvas":  # an AR baseline is given the prompt, as the denoiser is: no loss on predicting it
+    if objective.ar_targets == "canvas":  # an AR baseline is given the prompt, as the denoiser is: no loss on it
       ar_mask = ar_mask & (jnp.arange(full.shape[1] - 1) >= p - 1)[None, :]
-    elif targets != "all":
-      raise ValueError(f"unknown ar_targets {targets!r}; choose 'all' or 'canvas'")
     ar_B = losses.masked_mean(losses.token_cross_entropy(enc_logits[:, :-1], full[:, 1:]), ar_mask)
     metrics["ar_loss"] = jnp.mean(ar_B)
-    total = cfg.ar_loss_weight * metrics["ar_loss"]
-  if cfg.diffusion_loss_weight == 0:  # a purely autoregressive run: the denoiser is never called
-    if not want_ar:
-      raise ValueError("diffusion_loss_weight and ar_loss_weight are both 0: nothing to train")
+    total = objective.ar_loss_weight * metrics["ar_loss"]
+  if objective.diffusion_loss_weight == 0:  # a purely autoregressive run: the denoiser is never called
     metrics["loss"] = total
     return total, metrics
 
@@ -108,62 +99,34 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
   xt_s, x0_s, mask_s = take_canvas(x_t, s, c), take_canvas(canvas, s, c), take_canvas(canvas_mask, s, c)
   denoise = lambda canvas, cache, sc_logits=None, sc_mask=None: model.apply(
       {"params": params}, canvas, cache, sc_logits, sc_mask, method=DiffusionGemma.denoise)
-  if cfg.self_cond_prob > 0:
-    # The no-signal first pass (as the sampler's first step) runs only on the rows that will use it.
-    rows = self_conditioning_rows(sc_rng, bd, cfg.self_cond_prob)
+  if objective.self_cond_prob > 0:
+    # The no-signal first pass (as the sampler's first step) runs only on the rows that will use it; with
+    # self_cond_passes > 1 each further pass reads its predecessor's logits, as the sampler's later steps do.
+    # Every pass before the scored one is behind a stop-gradient (spec §3).
+    rows = self_conditioning_rows(sc_rng, bd, objective.self_cond_prob)
     xt_k, cache_k = xt_s[rows], jax.tree_util.tree_map(lambda x: x[rows], cache)
-    first_k = denoise(xt_k, cache_k)
-    # self_cond_passes > 1 (the Sudoku default is 2; the official recipe 1): the signal then comes from logits
-    # that were themselves self-conditioned, as it does at the sampler's later steps.
-    passes = cfg.get("self_cond_passes", 1)
-    if passes < 1:
-      raise ValueError(f"diffusion.self_cond_passes must be >= 1, got {passes}")
-    # self_cond_random_passes: each row draws its count from 1..passes, so that the scored pass also sees the
-    # signals of the sampler's early steps (from a no-signal pass, from one self-conditioned pass, ...).
-    count_k = (jax.random.randint(jax.random.fold_in(sc_rng, 1), (xt_k.shape[0],), 1, passes + 1)
-               if cfg.get("self_cond_random_passes", False) else jnp.full((xt_k.shape[0],), passes))
-    # self_cond_grad_passes = g: the last g passes keep their gradient (the loss flows back through the signal
-    # they feed), so the model also learns to make its logits useful to the next step, not only to read them.
-    grad_passes = cfg.get("self_cond_grad_passes", 0)
-    if not 0 <= grad_passes <= passes:
-      raise ValueError(f"diffusion.self_cond_grad_passes must be in 0..self_cond_passes ({passes}), got {grad_passes}")
-    keep_grad = lambda i, logits: logits if i > passes - grad_passes else jax.lax.stop_gradient(logits)
-    signal_k = fed_k = keep_grad(1, first_k)
-    for i in range(2, passes + 1):
-      signal_k = keep_grad(i, denoise(xt_k, cache_k, signal_k, jnp.ones((xt_k.shape[0],), bool)))
-      fed_k = jnp.where((count_k == i)[:, None, None], signal_k, fed_k)
-    fed = jnp.zeros((bd,) + fed_k.shape[1:], fed_k.dtype).at[rows].set(fed_k)
+    signal_k = jax.lax.stop_gradient(denoise(xt_k, cache_k))
+    for _ in range(1, objective.self_cond_passes):
+      signal_k = jax.lax.stop_gradient(denoise(xt_k, cache_k, signal_k, jnp.ones((xt_k.shape[0],), bool)))
+    fed = jnp.zeros((bd,) + signal_k.shape[1:], signal_k.dtype).at[rows].set(signal_k)
     use_sc = jnp.zeros((bd,), bool).at[rows].set(True)
     logits = denoise(xt_s, cache, fed, use_sc)
   else:
     logits = denoise(xt_s, cache)
 
   # 4. Losses.
-  if cfg.loss == "flat_ce":  # the official recipe: unweighted CE on every token of canvas s
+  if objective.loss == "flat_ce":  # the official recipe: unweighted CE on every token of canvas s
     per_token = losses.token_cross_entropy(logits, x0_s)
-  elif cfg.loss == "elbo":
+  else:  # "elbo"
     per_token = losses.uniform_elbo_per_token(logits, x0_s, xt_s, alpha, dalpha)
-  else:
-    raise ValueError(f"unknown diffusion loss {cfg.loss!r}; choose 'flat_ce' or 'elbo'")
   diffusion_B = losses.masked_mean(per_token, mask_s)
   correct = (jnp.argmax(logits, -1) == x0_s).astype(jnp.float32)
   metrics["diffusion_loss"] = jnp.mean(diffusion_B)  # unweighted: comparable across runs and noise bins
   metrics["diffusion_accuracy"] = jnp.mean(losses.masked_mean(correct, mask_s))
-  # focus_gamma = g > 0 (not in the official recipe): each token's CE weighted by (1 - p(x0))^g, so the gradient
-  # goes to the cells the model still gets wrong (losses.difficulty_weights).
-  gamma = cfg.get("focus_gamma", 0.0)
-  if gamma < 0:
-    raise ValueError(f"diffusion.focus_gamma must be >= 0, got {gamma}")
-  if gamma > 0:
-    if cfg.loss != "flat_ce":
-      raise ValueError(f"diffusion.focus_gamma weights the flat cross-entropy; it is not defined for loss {cfg.loss!r}")
-    metrics["focused_loss"] = jnp.mean(losses.masked_mean(per_token * losses.difficulty_weights(per_token, gamma),
-                                                          mask_s))
-    total = total + cfg.diffusion_loss_weight * metrics["focused_loss"]
-  else:
-    total = total + cfg.diffusion_loss_weight * metrics["diffusion_loss"]
+  total = total + objective.diffusion_loss_weight * metrics["diffusion_loss"]
   metrics["loss"] = total
-  if cfg.get("t_tilt", 0.0) > 0:
+  if objective.t_tilt > 0:
     metrics["t_tilt"] = tilt
-  metrics["loss_by_t_sum"], metrics["loss_by_t_count"] = losses.noise_bin_stats(diffusion_B, t, cfg.num_noise_bins)
+  metrics["loss_by_t_sum"], metrics["loss_by_t_count"] = losses.noise_bin_stats(diffusion_B, t,
+                                                                                 objective.num_noise_bins)
   return total, metrics

@@ -16,12 +16,12 @@ from typing import Any, Callable
 import flax.struct
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
 from dgemma import sharding
 from dgemma.config import ModelConfig
 from dgemma.diffusion import objective
+from dgemma.diffusion.config import ObjectiveConfig
 from dgemma.training import lora
 
 
@@ -89,7 +89,7 @@ def model_params(trainable, frozen, config: ModelConfig) -> dict:
   return jax.tree.map(lambda x: x.astype(config.param_dtype), trainable)
 
 
-def make_train_step(config: ModelConfig, diffusion_cfg: ml_collections.ConfigDict,
+def make_train_step(config: ModelConfig, objective_config: ObjectiveConfig,
                     tx: optax.GradientTransformation, seed: int, state_shardings: Any = None,
                     batch_sharding: jax.sharding.Sharding | None = None,
                     ema_decays: tuple[float, ...] = ()) -> Callable:
@@ -101,12 +101,15 @@ def make_train_step(config: ModelConfig, diffusion_cfg: ml_collections.ConfigDic
   runs on their mesh: the state keeps its shardings, the batch is split over the batch axes and the metrics
   come back replicated (readable on every process).
   """
+  if not isinstance(objective_config, ObjectiveConfig):  # a config section: convert it where the config is read
+    raise TypeError(f"make_train_step takes an ObjectiveConfig (ObjectiveConfig.from_config(c.diffusion)), "
+                    f"got {type(objective_config).__name__}")
 
   def step_fn(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     rng = jax.random.fold_in(jax.random.key(seed), state.step)
 
     def loss(trainable):
-      return objective.loss_fn(model_params(trainable, state.frozen, config), config, diffusion_cfg, batch, rng,
+      return objective.loss_fn(model_params(trainable, state.frozen, config), config, objective_config, batch, rng,
                                 state.step)
 
     (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(state.trainable)

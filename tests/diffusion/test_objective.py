@@ -2,13 +2,13 @@
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
 from dgemma import model
 from dgemma.config import tiny_moe
 from dgemma.diffusion import corruption, losses, objective
+from dgemma.diffusion.config import ObjectiveConfig
 from dgemma.model.transformer import DiffusionGemma
 
 CONFIG = tiny_moe(canvas_length=4, num_layers=2, layer_types=("local", "global"))
@@ -21,10 +21,8 @@ def jit_loss(cfg):
 
 
 def _cfg(**kw):
-  base = dict(schedule="linear", t_eps=1e-4, loss="flat_ce", self_cond_prob=0.0,
-              diffusion_loss_weight=1.0, ar_loss_weight=1.0, num_noise_bins=10)
-  base.update(kw)
-  return ml_collections.ConfigDict(base)
+  """The official objective without self-conditioning unless asked (most tests check one piece at a time)."""
+  return ObjectiveConfig(**{"self_cond_prob": 0.0, **kw})
 
 
 def test_select_canvas_only_picks_non_empty_canvases():
@@ -67,14 +65,13 @@ def test_training_view_equals_sampler_view():
   np.testing.assert_allclose(train_view, sampler_view, atol=1e-5)
 
 
-@pytest.mark.parametrize("self_cond_prob,passes,random_passes", [(0.0, 1, False), (0.5, 1, False), (0.5, 3, False),
-                                                                  (1.0, 3, True)])
-def test_diffusion_loss_covers_exactly_canvas_s(self_cond_prob, passes, random_passes):
+@pytest.mark.parametrize("self_cond_prob,passes", [(0.0, 1), (0.5, 1), (0.5, 3), (1.0, 2)])
+def test_diffusion_loss_covers_exactly_canvas_s(self_cond_prob, passes):
   """The diffusion loss equals the CE of canvas s's clean tokens given its noisy version, masked by
   canvas_mask, recomputed example by example with the sampler-style prefix cache. With self-conditioning, the
   chosen rows are denoised twice, as the sampler's first two steps: no signal, then the first pass's logits
-  (with `self_cond_passes` = 3, two more passes feeding each its predecessor's logits come before the scored one;
-  with `self_cond_random_passes` each row has its own count in 1..3)."""
+  (with `self_cond_passes` = 3, two more passes feeding each its predecessor's logits come before the scored
+  one)."""
   params = model.init_params(CONFIG, jax.random.key(1))
   # A strong self-conditioning branch, so that the number of passes shows in the loss.
   params["self_conditioning"]["mlp"] = jax.tree_util.tree_map(lambda w: 30 * w, params["self_conditioning"]["mlp"])
@@ -84,7 +81,7 @@ def test_diffusion_loss_covers_exactly_canvas_s(self_cond_prob, passes, random_p
            "canvas_mask": jnp.asarray([[1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0],
                                        [1] * 8, [1, 1, 1, 1, 1, 0, 0, 0]], bool)}
   key = jax.random.key(7)
-  cfg = _cfg(self_cond_prob=self_cond_prob, self_cond_passes=passes, self_cond_random_passes=random_passes)
+  cfg = _cfg(self_cond_prob=self_cond_prob, self_cond_passes=passes)
   _, metrics = jax.jit(lambda p: objective.loss_fn(p, CONFIG, cfg, batch, key))(params)
   t_rng, noise_rng, s_rng, sc_rng = jax.random.split(key, 4)
   t = corruption.sample_t(t_rng, 4, 1e-4)
@@ -94,11 +91,6 @@ def test_diffusion_loss_covers_exactly_canvas_s(self_cond_prob, passes, random_p
   sc_rows = set(np.asarray(objective.self_conditioning_rows(sc_rng, 4, self_cond_prob)).tolist()
                 if self_cond_prob else [])
   assert len(sc_rows) == round(4 * self_cond_prob)
-  row_passes = dict.fromkeys(sc_rows, passes)
-  if random_passes:
-    counts = np.asarray(jax.random.randint(jax.random.fold_in(sc_rng, 1), (len(sc_rows),), 1, passes + 1))
-    row_passes = dict(zip(sorted(sc_rows), counts.tolist()))
-    assert len(set(row_passes.values())) > 1  # this key gives the rows different counts
   expected = []
   for b in range(4):
     sb = int(s[b])
@@ -109,43 +101,12 @@ def test_diffusion_loss_covers_exactly_canvas_s(self_cond_prob, passes, random_p
     noisy = x_t[b:b + 1, 4 * sb:4 * sb + 4]
     logits = model.denoise(params, CONFIG, noisy, cache)
     if b in sc_rows:
-      for _ in range(row_passes[b]):
+      for _ in range(passes):
         logits = model.denoise(params, CONFIG, noisy, cache, logits)
     ce = losses.token_cross_entropy(logits, x0)[0]
     mask = batch["canvas_mask"][b, 4 * sb:4 * sb + 4]
     expected.append(float(jnp.sum(ce * mask) / jnp.sum(mask)))
   np.testing.assert_allclose(float(metrics["diffusion_loss"]), np.mean(expected), rtol=1e-4)
-
-
-@pytest.mark.parametrize("grad_passes", [0, 1])
-def test_self_conditioning_grad_passes_train_through_the_signal(grad_passes):
-  """With `self_cond_grad_passes` = g the gradient is that of the brute-force loss whose last g passes before
-  the scored one are not behind a stop-gradient (two passes, every row self-conditioned)."""
-  params = model.init_params(CONFIG, jax.random.key(3))
-  params["self_conditioning"]["mlp"] = jax.tree_util.tree_map(lambda w: 30 * w, params["self_conditioning"]["mlp"])
-  rng = np.random.default_rng(3)
-  batch = {"prompt": jnp.asarray(rng.integers(3, 64, (2, 5)), jnp.int32),
-           "canvas": jnp.asarray(rng.integers(3, 64, (2, 4)), jnp.int32), "canvas_mask": jnp.ones((2, 4), bool)}
-  key, passes = jax.random.key(11), 2
-  cfg = _cfg(self_cond_prob=1.0, self_cond_passes=passes, self_cond_grad_passes=grad_passes, ar_loss_weight=0.0)
-  grads = jax.jit(jax.grad(lambda p: objective.loss_fn(p, CONFIG, cfg, batch, key)[0]))(params)
-  t_rng, noise_rng, _, _ = jax.random.split(key, 4)
-  x_t, _ = corruption.corrupt(noise_rng, batch["canvas"], 1.0 - corruption.sample_t(t_rng, 2, 1e-4), CONFIG.vocab_size)
-
-  def brute_force_loss(p):
-    _, cache = model.encode(p, CONFIG, batch["prompt"], model.init_cache(CONFIG, 2, 9))
-    logits = None
-    for i in range(1, passes + 1):
-      logits = model.denoise(p, CONFIG, x_t, cache, logits)
-      if i <= passes - grad_passes:
-        logits = jax.lax.stop_gradient(logits)
-    return jnp.mean(losses.token_cross_entropy(model.denoise(p, CONFIG, x_t, cache, logits), batch["canvas"]))
-
-  expected = jax.jit(jax.grad(brute_force_loss))(params)
-  jax.tree_util.tree_map(lambda g, e: np.testing.assert_allclose(g, e, rtol=2e-3, atol=1e-6), grads, expected)
-  with pytest.raises(ValueError, match="self_cond_grad_passes"):
-    objective.loss_fn(params, CONFIG, _cfg(self_cond_prob=1.0, self_cond_passes=1, self_cond_grad_passes=2),
-                      batch, key)
 
 
 def test_self_conditioning_rows_are_a_random_share_of_the_batch():
@@ -190,8 +151,6 @@ def test_autoregressive_baseline_loss_is_the_canvas_next_token_ce():
     ce = losses.token_cross_entropy(logits[:, 4:4 + n], full[:, 5:5 + n])
     expected.append(float(jnp.mean(ce)))
   np.testing.assert_allclose(float(loss), np.mean(expected), rtol=1e-5)
-  with np.testing.assert_raises_regex(ValueError, "nothing to train"):
-    objective.loss_fn(params, CONFIG, _cfg(diffusion_loss_weight=0.0, ar_loss_weight=0.0), batch, jax.random.key(0))
 
 
 def test_ordered_noise_needs_a_rank_and_trains_with_one():
@@ -255,54 +214,11 @@ def test_noise_draws_equal_a_batch_of_repeated_examples(self_cond_prob, ar_weigh
   np.testing.assert_allclose(float(loss_k), float(loss_rep), rtol=1e-6)
   np.testing.assert_array_equal(np.asarray(metrics_k["loss_by_t_count"]), np.asarray(metrics_rep["loss_by_t_count"]))
   assert int(np.asarray(metrics_k["loss_by_t_count"]).sum()) == b * k  # every copy drew its own noise level
-  for g_k, g_rep in zip(jax.tree.leaves(grads_k), jax.tree.leaves(grads_rep)):
-    np.testing.assert_allclose(np.asarray(g_k), np.asarray(g_rep), rtol=1e-4, atol=1e-6)
-  with pytest.raises(ValueError, match="noise_draws"):
-    objective.loss_fn(params, CONFIG, _cfg(noise_draws=0), batch, jax.random.key(0))
-
-
-def test_focus_gamma_weights_each_token_by_its_difficulty():
-  """focus_gamma = g: the objective is the mean over tokens of (1 - p(x0))^g · CE with the weight held constant,
-  recomputed here in NumPy from the plain run's per-token CE; the reported diffusion_loss stays the plain CE; the
-  gradient is plain CE's gradient with each token scaled by its constant weight; other losses are refused."""
-  params = model.init_params(CONFIG, jax.random.key(3))
-  rng = np.random.default_rng(3)
-  batch = {"prompt": jnp.asarray(rng.integers(3, 64, (3, 5)), jnp.int32),
-           "canvas": jnp.asarray(rng.integers(3, 64, (3, 4)), jnp.int32),
-           "canvas_mask": jnp.asarray([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]], bool)}
-  key = jax.random.key(11)
-  # A random model is nearly uniform over 64 tokens (p(x0) ~ 0.03-0.04): a large gamma spreads the weights.
-  plain_cfg, focus_cfg = _cfg(ar_loss_weight=0.0), _cfg(ar_loss_weight=0.0, focus_gamma=40.0)
-  t_rng, noise_rng, _, _ = jax.random.split(key, 4)
-  t = corruption.sample_t(t_rng, 3, 1e-4)
-  x_t, _ = corruption.corrupt(noise_rng, batch["canvas"], 1.0 - t, CONFIG.vocab_size)
-
-  def per_token_ce(p):  # the objective's view: encode the prompt, denoise canvas 0 against it
-    _, cache = model.encode(p, CONFIG, batch["prompt"], model.init_cache(CONFIG, 3, 5))
-    return losses.token_cross_entropy(model.denoise(p, CONFIG, x_t, cache), batch["canvas"])
-
-  ce = np.asarray(per_token_ce(params), np.float64)
-  mask = np.asarray(batch["canvas_mask"], np.float64)
-  weights = (1.0 - np.exp(-ce)) ** 40
-  assert weights.min() < 0.8 * weights.max()  # the tokens differ in difficulty, so the weighting shows
-  expected = np.mean(np.sum(weights * ce * mask, 1) / mask.sum(1))
-  plain_loss, plain_metrics = jit_loss(plain_cfg)(params, batch, key)
-  focus_loss, focus_metrics = jit_loss(focus_cfg)(params, batch, key)
-  np.testing.assert_allclose(float(focus_loss), expected, rtol=1e-5)
-  np.testing.assert_allclose(float(focus_metrics["focused_loss"]), expected, rtol=1e-5)
-  np.testing.assert_allclose(float(focus_metrics["diffusion_loss"]), float(plain_loss), rtol=1e-6)
-  assert float(focus_loss) < float(plain_loss)
-
-  # The gradient: the weights are constants, not differentiated through.
-  w = jnp.asarray(weights, jnp.float32)
-  m = batch["canvas_mask"].astype(jnp.float32)
-  const_weight_grad = jax.jit(jax.grad(lambda p: jnp.mean(jnp.sum(w * per_token_ce(p) * m, 1) / m.sum(1))))(params)
-  focus_grad = jax.jit(jax.grad(lambda p: objective.loss_fn(p, CONFIG, focus_cfg, batch, key)[0]))(params)
-  for got, want in zip(jax.tree_util.tree_leaves(focus_grad), jax.tree_util.tree_leaves(const_weight_grad)):
-    # (atol: float32 rounding of two differently ordered graphs; differentiating the weights moves far more)
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
-
-  with pytest.raises(ValueError, match="focus_gamma"):
-    jit_loss(_cfg(ar_loss_weight=0.0, focus_gamma=1.0, loss="elbo"))(params, batch, key)
-  with pytest.raises(ValueError, match="focus_gamma"):
-    jit_loss(_cfg(ar_loss_weight=0.0, focus_gamma=-1.0))(params, batch, key)
+  # The two sides sum the same terms in another order (the k copies' cache gradients before or inside the
+  # encoder's backward), so an element's rounding error scales with the gradient's terms, not with the element:
+  # elements that cancel to ~0 (the last layer's scalar feeds a scale-invariant norm) carry the error of the
+  # large ones. One tolerance for the whole tree, from its largest element, as in test_moe_dense.
+  scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grads_rep))
+  for (path, g_k), g_rep in zip(jax.tree_util.tree_leaves_with_path(grads_k), jax.tree.leaves(grads_rep)):
+    np.testing.assert_allclose(np.asarray(g_k), np.asarray(g_rep), rtol=1e-4, atol=1e-5 * scale,
+                               err_msg=jax.tree_util.keystr(path))

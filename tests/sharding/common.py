@@ -14,6 +14,7 @@ import train
 from configs import sft_sudoku
 from dgemma import sharding
 from dgemma.data import sudoku_task
+from dgemma.diffusion.config import ObjectiveConfig
 from dgemma.sampling import SamplerConfig
 from dgemma.training import config_utils, optimizer, state as state_lib
 
@@ -54,7 +55,8 @@ def run_steps(c: ml_collections.ConfigDict):
   tx = optimizer.make_optimizer(c.optimizer)
   state = state_lib.create(params, tx, c.lora_rank, jax.random.key(c.seed + 1), c.optimizer.master_dtype,
                            mesh=mesh, rules=rules)
-  step_fn = state_lib.make_train_step(config, c.diffusion, tx, c.seed, jax.tree.map(lambda x: x.sharding, state),
+  step_fn = state_lib.make_train_step(config, ObjectiveConfig.from_config(c.diffusion), tx, c.seed,
+                                      jax.tree.map(lambda x: x.sharding, state),
                                       sharding.batch_sharding(mesh, rules, c.batch_size))
   losses = []
   for _ in range(c.num_train_steps):
