@@ -249,9 +249,9 @@ def test_official_text_format_from_an_hf_checkpoint(tmp_path):
 def test_evaluation_during_training_is_logged_and_matches_the_saved_model(tmp_path):
   """eval/* scalars land in TensorBoard at every eval.every steps; the last one equals solving the same held-out
   puzzles with the saved model (recomputed here through the public solver)."""
-  from dgemma.data import sudoku, sudoku_task
+  from dgemma.tasks.sudoku import puzzles as sudoku, digits as sudoku_task
   from dgemma.sampling import SamplerConfig
-  from dgemma.sampling import sudoku as sudoku_solver
+  from dgemma.tasks.sudoku import task as sudoku_solver
   c = debug_config(tmp_path, **{"eval.every": 3, "eval.num_puzzles": 4, "eval.max_steps": 6,
                                 "sampler.t_max": 1.3, "sampler.t_min": 0.9})
   train.train(c, str(tmp_path / "run"))

@@ -15,9 +15,9 @@ import tokenizers
 from dgemma import model
 from dgemma.checkpoints import save_model
 from dgemma.config import small_dense
-from dgemma.data import sudoku, sudoku_formats, sudoku_task, sudoku_text
+from dgemma.tasks.sudoku import puzzles as sudoku, formats as sudoku_formats, digits as sudoku_task, text as sudoku_text
 from dgemma.sampling import SamplerConfig
-from dgemma.sampling import sudoku as sudoku_sampling
+from dgemma.tasks.sudoku import task as sudoku_sampling
 from tests.script_loader import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
