@@ -2,7 +2,7 @@
 
 XLA:CPU allocates a program's temporaries afresh on every run, in blocks too large for glibc's heaps, so each
 training step maps new memory that the kernel faults in 4 KiB at a time: ~300k page faults per step of the
-Sudoku default, a quarter of the run's CPU time spent in the kernel. `glibc.malloc.hugetlb=1` makes malloc
+CPU default config, a quarter of the run's CPU time spent in the kernel. `glibc.malloc.hugetlb=1` makes malloc
 advise transparent huge pages on what it maps (2 MiB per fault). Measured on the 2-core CPU: 12% faster training
 steps (1,428 -> 1,249 ms, scripts/bench_train_step.py), page faults down 24x, numbers bit-identical.
 

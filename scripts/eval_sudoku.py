@@ -4,8 +4,8 @@
       [--adaptive_stopping=false] [--mode=diffusion|ar|both] [--samples=1] [--json_out=results.json]
 
 --data is a Kaggle-style CSV (puzzle,solution or quizzes,solutions) or an .npz written by
-`dgemma.data.sudoku.generate_dataset`. The checkpoint may use either Sudoku task (the digit vocabulary or the
-official text format with its tokenizer, see dgemma/sampling/sudoku.py). Reports puzzle accuracy, cell accuracy over the blanks, clue
+`dgemma.tasks.sudoku.puzzles.generate_dataset`. The checkpoint may use either Sudoku task (the digit vocabulary or the
+official text format with its tokenizer, see dgemma/tasks/sudoku/task.py). Reports puzzle accuracy, cell accuracy over the blanks, clue
 preservation, denoising steps (mean, median), tokens per forward pass and wall time, overall and split by
 difficulty: clue-count buckets as the official eval (easy >= 40, medium 30-39, hard < 30) and our solver label
 (singles: solvable by naked/hidden singles alone; search: needs search).

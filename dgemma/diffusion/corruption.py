@@ -48,7 +48,7 @@ def _replace(rng: jax.Array, x0_BxL: Int[Array, "B L"], resampled_BxL: Bool[Arra
 def corrupt_in_order(rng: jax.Array, x0_BxL: Int[Array, "B L"], alpha_B: Float[Array, "B"], vocab_size: int,
                      rank_BxL: Float[Array, "B L"]) -> tuple[Int[Array, "B L"], Bool[Array, "B L"]]:
   """As `corrupt`, with the same number of resampled tokens (one coin per token), but the resampled tokens are
-  those of highest rank (ties broken at random): e.g. rank = the round in which a solver deduces a Sudoku
+  those of highest rank (ties broken at random): e.g. rank = the round in which a solver deduces a puzzle
   cell, so the canvas looks like a partly solved puzzle, as the sampler's canvases do mid-way."""
   count_rng, tie_rng, token_rng = jax.random.split(rng, 3)
   num_resampled_B = jnp.sum(jax.random.uniform(count_rng, x0_BxL.shape) >= alpha_B[:, None], axis=-1)

@@ -18,7 +18,7 @@ def difficulty_weights(ce_BxL: Float[Array, "B L"], gamma: float) -> Float[Array
   """Per-token loss weights (1 - p_θ(x0))^gamma, p_θ(x0) = exp(-CE), held constant under differentiation.
 
   Token-level reweighting as in MGDM (Ye et al. 2024, "Beyond Autoregression"): cells the model already gets
-  right weigh ~0 and the hard ones (in Sudoku, the cells that need search) keep their weight. Each token's
+  right weigh ~0 and the hard ones (in a puzzle, the cells that need search) keep their weight. Each token's
   gradient keeps the direction of plain CE (the weight carries no gradient), so a target the context fixes is
   still pushed to probability 1."""
   return jax.lax.stop_gradient((-jnp.expm1(-ce_BxL)) ** gamma)

@@ -70,8 +70,7 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
   ordered_prob = cfg.get("ordered_noise_prob", 0.0)
   if ordered_prob > 0:  # a research option: corrupt late-deduced tokens first (batch["noise_rank"])
     if "noise_rank" not in batch:
-      raise ValueError("diffusion.ordered_noise_prob > 0 needs a task whose batches carry 'noise_rank' "
-                       "(sudoku_digits)")
+      raise ValueError("diffusion.ordered_noise_prob > 0 needs a task whose batches carry 'noise_rank'")
     order_rng, pick_rng = jax.random.split(jax.random.fold_in(noise_rng, 1))
     x_ordered, _ = corruption.corrupt_in_order(order_rng, canvas, alpha, config.vocab_size,
                                                repeat(batch["noise_rank"]))
@@ -113,7 +112,7 @@ def loss_fn(params: dict, config: ModelConfig, cfg: ml_collections.ConfigDict, b
     rows = self_conditioning_rows(sc_rng, bd, cfg.self_cond_prob)
     xt_k, cache_k = xt_s[rows], jax.tree_util.tree_map(lambda x: x[rows], cache)
     first_k = denoise(xt_k, cache_k)
-    # self_cond_passes > 1 (the Sudoku default is 2; the official recipe 1): the signal then comes from logits
+    # self_cond_passes > 1 (the digit-task default is 2; the official recipe 1): the signal then comes from logits
     # that were themselves self-conditioned, as it does at the sampler's later steps.
     passes = cfg.get("self_cond_passes", 1)
     if passes < 1:
