@@ -20,7 +20,7 @@ from dgemma.sampling import SamplerConfig
 from dgemma.tasks.sudoku import task as sudoku_sampling
 from tests.script_loader import load_script
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 CLASSIC = "530070000600195000098000060800060003400803001700020006060000280000419005000080079"
 SAMPLER = SamplerConfig(max_denoising_steps=4)  # what eval_sudoku.py builds from --max_steps=4
 
