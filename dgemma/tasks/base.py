@@ -8,12 +8,16 @@ the `task` entry of a checkpoint's metadata when sampling. See docs/tasks.md for
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+
+import numpy as np
+
+from dgemma.sampling import display
 
 if TYPE_CHECKING:  # (annotations only: the registry stays cheap to import)
   import grain
   import ml_collections
-  import numpy as np
 
   from dgemma.config import ModelConfig
   from dgemma.sampling.display import Frame
@@ -84,3 +88,46 @@ class Task(Protocol):
 
   def frames(self, trajectory_SxC: np.ndarray, steps: int) -> list[Frame]:
     """The step-by-step pictures of one canvas (the first `steps` of the trajectory's argmax canvases)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskBase:
+  """Defaults for the optional parts of `Task`; a task subclasses it and writes `name`, `from_config`,
+  `from_metadata`, `train_dataset`, `parse_prompt`, `encode` and `decode` (docs/tasks.md)."""
+
+  prompt_len: int
+  config: ModelConfig
+  name = ""
+  supports_noise_rank = False
+  fixed_sampler_flags = ("canvas_length", "max_new_tokens", "stop_ids")  # see `sampler`
+
+  @property
+  def title(self) -> str:
+    return self.name
+
+  @property
+  def metadata(self) -> dict[str, Any]:
+    return {"name": self.name, "prompt_len": self.prompt_len}
+
+  def make_evaluator(self, c: ml_collections.ConfigDict, metadata: dict) -> Evaluator | None:
+    return None  # no in-training evaluation
+
+  def describe(self, scores: dict[str, float]) -> str:
+    return ", ".join(f"{k.removeprefix('eval/')} {v:.4g}" for k, v in scores.items() if k != "eval/seconds")
+
+  def sampler(self, sampler_config: SamplerConfig) -> SamplerConfig:
+    """One canvas of the model's canvas length that stops on the task's stop ids; the other knobs as given."""
+    return dataclasses.replace(sampler_config, canvas_length=self.config.canvas_length,
+                               max_new_tokens=self.config.canvas_length, stop_ids=self.config.stop_ids)
+
+  def first_valid(self, inputs: np.ndarray, answers: np.ndarray) -> int | None:
+    return None  # no check of its own: --samples answers with the first draw
+
+  def show(self, inputs: np.ndarray, answer: np.ndarray) -> str:
+    return " ".join(str(x) for x in np.ravel(answer))
+
+  def frames(self, trajectory_SxC: np.ndarray, steps: int) -> list[Frame]:
+    """The canvas's token ids, step by step."""
+    trajectory_SxC = np.asarray(trajectory_SxC)
+    return display.build_frames(trajectory_SxC[None], np.array([steps]), trajectory_SxC[max(steps - 1, 0)][None],
+                                lambda t: f"{t} ")

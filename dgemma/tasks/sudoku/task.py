@@ -21,7 +21,7 @@ import numpy as np
 
 from dgemma.config import ModelConfig
 from dgemma.data.tokenizer import Tokenizer, load_tokenizer
-from dgemma.sampling.generate import SamplerConfig
+from dgemma.tasks.base import TaskBase
 from dgemma.tasks.sudoku import digits as sudoku_task
 from dgemma.tasks.sudoku import display, evaluation, formats
 from dgemma.tasks.sudoku import puzzles as sudoku
@@ -33,19 +33,10 @@ TASKS = ("sudoku_digits", "sudoku_text")
 
 
 @dataclasses.dataclass(frozen=True)
-class SudokuTask:
+class SudokuTask(TaskBase):
   """What both formats share: the puzzles, their checks, the evaluator and the grid display."""
 
-  prompt_len: int
-  config: ModelConfig  # the model config with the task's special ids
-  name = ""  # set by each format
-  supports_noise_rank = False
   title = "Sudoku"
-  fixed_sampler_flags = ("canvas_length", "max_new_tokens", "stop_ids")  # one canvas, the task's stop tokens
-
-  @property
-  def metadata(self) -> dict[str, Any]:
-    return {"name": self.name, "prompt_len": self.prompt_len}
 
   # --- Training -----------------------------------------------------------------------------------
   @staticmethod
@@ -77,11 +68,6 @@ class SudokuTask:
   def prompts(self, puzzles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """([B, prompt_len] tokens, [B, prompt_len] valid) for [B, 81] digit puzzles, exactly as in training."""
     return self.encode(puzzles)
-
-  def sampler(self, sampler_config: SamplerConfig) -> SamplerConfig:
-    """One canvas of the model's canvas length, the task's stop ids; the other knobs as given."""
-    return dataclasses.replace(sampler_config, canvas_length=self.config.canvas_length,
-                               max_new_tokens=self.config.canvas_length, stop_ids=self.config.stop_ids)
 
   def first_valid(self, puzzle: np.ndarray, grids: np.ndarray) -> int | None:
     """The first grid that keeps the clues and obeys the rules (no solution needed)."""
