@@ -19,7 +19,6 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import app, flags, logging

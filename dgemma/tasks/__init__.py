@@ -2,7 +2,7 @@
 `metadata["task"]["name"]`) to the class implementing `dgemma.tasks.base.Task`.
 
 A new task is one folder under dgemma/tasks/ plus one line in `_REGISTRY` (or a `register` call); docs/tasks.md.
-Entries are "module:Class" strings, imported on first use, so that `import dgemma.tasks` stays cheap.
+Entries are "module:Class" strings, imported on first use: the registry does not import every task.
 """
 
 from __future__ import annotations

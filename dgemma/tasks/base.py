@@ -15,7 +15,7 @@ import numpy as np
 
 from dgemma.sampling import display
 
-if TYPE_CHECKING:  # (annotations only: the registry stays cheap to import)
+if TYPE_CHECKING:  # (annotations only)
   import grain
   import ml_collections
 
