@@ -1,13 +1,14 @@
-"""Generate with a DiffusionGemma checkpoint: text for language models, a solved grid for Sudoku models.
+"""Generate with a DiffusionGemma checkpoint: text for language models, the task's answer for task models.
 
   python sample.py --ckpt=PATH --prompt="Why is the sky blue?"
   python sample.py --ckpt=PATH --prompt_ids=2,105,4368 --steps=32 --t_max=0.6
-  python sample.py --ckpt=SUDOKU_CKPT --prompt=530070000600195000098000060800060003400803001700020006060000280000419005000080079
-  python sample.py --ckpt=SUDOKU_CKPT --prompt=... --steps=8 --samples=16   # answer: the first draw obeying the rules
+  python sample.py --ckpt=TASK_CKPT --prompt=530070000600195000098000060800060003400803001700020006060000280000419005000080079
+  python sample.py --ckpt=TASK_CKPT --prompt=... --steps=8 --samples=16   # answer: the first draw the task accepts
   python sample.py --ckpt=PATH --prompts_file=prompts.txt --show_steps --show_steps_html=steps.html
 
 PATH is one of our checkpoints (dgemma.json), an HF DiffusionGemma directory or a training workdir. Text goes
-through the checkpoint's tokenizer (its chat template for instruction models, see --chat). Every sampler knob
+through the checkpoint's tokenizer (its chat template for instruction models, see --chat); a checkpoint trained
+on a task (dgemma/tasks, named in its metadata) takes the task's prompts and shows its answers. Every sampler knob
 has a flag; the defaults are the released model's.
 """
 
@@ -27,17 +28,17 @@ from dgemma.sampling import flags as sampler_flags
 FLAGS = flags.FlagValues()  # private: this module can be imported next to other scripts
 _D = dict(flag_values=FLAGS)
 flags.DEFINE_string("ckpt", None, "Checkpoint: our format, an HF directory, or a training workdir.", **_D)
-flags.DEFINE_string("prompt", None, "A text prompt, or an 81-digit puzzle for Sudoku models.", **_D)
+flags.DEFINE_string("prompt", None, "A text prompt, or an input in the task's format for task models.", **_D)
 flags.DEFINE_string("prompt_ids", None, "Token ids instead of text, comma-separated; ';' separates prompts.",
                     **_D)
-flags.DEFINE_string("prompts_file", None, "A file with one prompt (or puzzle) per line, run as one batch.", **_D)
+flags.DEFINE_string("prompts_file", None, "A file with one prompt (or task input) per line, run as one batch.", **_D)
 flags.DEFINE_enum("chat", "auto", ["auto", "on", "off"],
                   "Wrap text prompts in the tokenizer's chat template (auto: when it has one).", **_D)
 # One flag per sampler knob (--steps, --t_max, ...; dgemma/sampling/flags.py), unset by default: a knob left unset
 # takes the checkpoint's recorded default, else SamplerConfig's (in brackets). --show_steps* ask for the trajectory.
 sampler_flags.define(FLAGS, skip=("return_trajectory",))
-flags.DEFINE_integer("samples", 1, "Sudoku: draw each puzzle this many times (in one batch) and answer with the "
-                     "first draw that keeps the clues and obeys the rules.", **_D)
+flags.DEFINE_integer("samples", 1, "Task models: draw each prompt this many times (in one batch) and answer with "
+                     "the first draw that passes the task's own check.", **_D)
 flags.DEFINE_integer("seed", 0, "Random seed.", **_D)
 flags.DEFINE_enum("moe_impl", None, list(MOE_IMPLS),
                   "How to compute the MoE experts (default: the checkpoint's choice). 'dense' runs every "
@@ -195,12 +196,9 @@ def run() -> int:
   import jax.numpy as jnp
   import numpy as np
 
-  from dgemma.data import sudoku
+  from dgemma import sharding, tasks
   from dgemma.sampling import display
-  from dgemma.sampling import sudoku as sudoku_sampling
   from dgemma.sampling.generate import compile_generate
-
-  from dgemma import sharding
 
   if not FLAGS.ckpt:
     raise ValueError("--ckpt is required")
@@ -221,26 +219,24 @@ def run() -> int:
   if FLAGS.matmul_dtype:  # bf16 -> float32 is exact, so the matmuls see the checkpoint's own bf16 weights
     params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
     config = config.replace(param_dtype="float32", matmul_dtype=FLAGS.matmul_dtype)
-  task = None
   tokenizer = None
   draws = FLAGS.samples  # batch rows per prompt
   if draws < 1:
     raise ValueError(f"--samples must be >= 1, got {draws}")
-  if sudoku_sampling.task_name(metadata):
+  task = tasks.for_checkpoint(config, metadata, FLAGS.ckpt)  # None: a language model
+  if task is not None:
     if FLAGS.prompt_ids is not None:
-      raise ValueError("Sudoku checkpoints take puzzles via --prompt or --prompts_file")
-    fixed = [f"--{n}" for n in ("canvas_length", "max_new_tokens", "stop_ids") if FLAGS[n].present]
+      raise ValueError(f"{task.title} checkpoints take their inputs via --prompt or --prompts_file")
+    fixed = [f"--{n}" for n in task.fixed_sampler_flags if FLAGS[n].present]
     if fixed:
-      raise ValueError(f"{', '.join(fixed)} cannot be set for a Sudoku checkpoint: it answers in one canvas of "
-                       "the task's length and stops on the task's stop token")
-    task = sudoku_sampling.load_task(config, metadata, FLAGS.ckpt)
-    puzzles = np.stack([sudoku_sampling.parse_puzzle(p) for p in prompts])
+      raise ValueError(f"{', '.join(fixed)} cannot be set for a {task.title} checkpoint: the task sets them")
+    inputs = np.stack([task.parse_prompt(p) for p in prompts])
     config, sampler = task.config, task.sampler(sampler)
-    tokens, valid = task.prompts(np.repeat(puzzles, draws, axis=0))
+    tokens, valid = task.encode(np.repeat(inputs, draws, axis=0))
   else:
     if draws > 1:
-      raise ValueError("--samples > 1 needs a Sudoku checkpoint: the choice between draws is a check of "
-                       "Sudoku's rules")
+      raise ValueError("--samples > 1 needs a task checkpoint: the choice between draws is the task's check of "
+                       "an answer")
     if FLAGS.prompt_ids is not None:
       rows = [_int_list(p, "--prompt_ids") for p in prompts]
     else:
@@ -274,15 +270,11 @@ def run() -> int:
     say(f"=== prompt {row + 1}/{len(prompts)}")
     if task is not None:
       rows = slice(row * draws, (row + 1) * draws)
-      grids = task.decode(generated[rows])
-      first_valid = sudoku.first_valid_index(puzzles[row], grids)
+      answers = task.decode(generated[rows])
+      first_valid = task.first_valid(inputs[row], answers)
       chosen = 0 if first_valid is None else first_valid
       answer_rows[row] += chosen
-      grid = grids[chosen]
-      clues_kept = bool(np.all((puzzles[row] == 0) | (grid == puzzles[row])))
-      say("\n".join(" ".join(str(d) if d else "." for d in grid[r * 9:(r + 1) * 9]) for r in range(9)))
-      say(f"valid solution: {'yes' if sudoku.is_valid_solution(grid) else 'no'}; "
-            f"clues kept: {'yes' if clues_kept else 'no'}")
+      say(task.show(inputs[row], answers[chosen]))
       if draws > 1:
         draw_steps = steps[rows, 0]
         if first_valid is None:
@@ -313,7 +305,7 @@ def run() -> int:
   if out.trajectory is not None and jax.process_index() == 0:  # views and files: process 0 only
     row = int(answer_rows[FLAGS.show_row])  # for --samples: the answering draw
     if task is not None:
-      frames = display.sudoku_frames(np.asarray(out.trajectory)[row, 0], steps[row, 0], task.cells)
+      frames = task.frames(np.asarray(out.trajectory)[row, 0], steps[row, 0])
     else:
       token_text = tokenizer.piece if tokenizer is not None else (lambda t: f"{t} ")
       frames = display.build_frames(np.asarray(out.trajectory)[row], steps[row],

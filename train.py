@@ -1,6 +1,6 @@
 """Train a DiffusionGemma-style model.
 
-    python train.py --config=configs/sft_sudoku.py [--workdir=DIR] [--config.key=value ...]
+    python train.py --config=configs/CONFIG.py[:ARGS] [--workdir=DIR] [--config.key=value ...]
 
 Training runs on a mesh over all devices of all processes (`config.mesh`, `config.sharding_rules`; see
 dgemma/sharding.py). Several processes (one per host, or per GPU) start JAX's multi-controller runtime by
@@ -8,7 +8,7 @@ themselves under SLURM / Open MPI / Cloud TPU or with JAX_COORDINATOR_ADDRESS se
 --coordinator_address, --num_processes and --process_id. Only process 0 prints and writes TensorBoard.
 
 The workdir holds checkpoints (a restarted run resumes from the latest), TensorBoard events (tb/) and,
-at the end, the inference checkpoint (model/) that sample.py and scripts/eval_sudoku.py read.
+at the end, the inference checkpoint (model/) that sample.py and the task's eval script read.
 """
 
 from __future__ import annotations
@@ -16,21 +16,19 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from dgemma import checkpoints, cli, loading, model, sharding
+from dgemma import checkpoints, cli, loading, model, sharding, tasks
 from dgemma.checkpoints.native import config_to_dict
 from dgemma.cpu import huge_pages
-from dgemma.data import sudoku, sudoku_formats, sudoku_task, sudoku_text
-from dgemma.data.tokenizer import load_tokenizer
 from dgemma.diffusion.config import ObjectiveConfig
-from dgemma.training import checkpointing, evaluation, logs, metrics as metrics_lib, optimizer, state as state_lib
+from dgemma.training import checkpointing, logs, metrics as metrics_lib, optimizer, state as state_lib
 from dgemma.training.config_utils import model_config, sampling_metadata
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (configs/*.py[:args]).")
@@ -80,47 +78,17 @@ def build_model(c: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = N
   return config, params, metadata
 
 
-def build_data(c: ml_collections.ConfigDict, config, shard: tuple[int, int, int] | None = None):
+def build_data(c: ml_collections.ConfigDict, config, shard: tuple[int, int, int] | None = None,
+               task: tasks.Task | None = None):
   """The training stream and the task metadata that sampling/eval need to read the model's outputs.
 
-  `shard` = (index, count, local batch size) of this process's part of each global batch (`sharding.data_shard`);
-  default: the whole batch in one shard."""
-  d = c.data
+  `task` defaults to the registry's for `c.task.name` (dgemma/tasks). `shard` = (index, count, local batch size)
+  of this process's part of each global batch (`sharding.data_shard`); default: the whole batch in one shard."""
   shard_index, shard_count, local_batch = shard or (0, 1, c.batch_size)
-  ordered_noise = c.diffusion.get("ordered_noise_prob", 0.0) > 0
-  if ordered_noise and d.task != "sudoku_digits":
-    raise ValueError(f"diffusion.ordered_noise_prob > 0 needs data.task='sudoku_digits' (the only task with a "
-                     f"deduction order), got {d.task!r}")
-  if d.csv:
-    data = sudoku_formats.read_csv(os.path.expanduser(d.csv))
-  else:
-    # Generation is pure Python (~170 puzzles/s per core here; the default 20k took 59 s on 2 cores), so a
-    # large set uses every core; a small one is not worth the workers' start-up. The puzzles do not depend on it.
-    workers = (os.cpu_count() or 1) if d.num_train >= 2000 else 1
-    data = sudoku.generate_dataset(d.num_train, d.seed, d.min_clues, d.max_clues,
-                                   cache_dir=os.path.expanduser(d.cache_dir) if d.cache_dir else None,
-                                   num_workers=workers)
-  # Puzzles that need search are most of the trained model's failures (README Results); repeating them shifts
-  # the mix towards them. Old configs lack the key.
-  data = sudoku.oversample_search(data, d.get("search_repeat", 1))
-  common = dict(batch_size=local_batch, prompt_len=d.prompt_len, canvas_len=config.canvas_length, seed=c.seed,
-                augment=d.augment, shard_index=shard_index, shard_count=shard_count)
-  task = {"name": d.task, "prompt_len": d.prompt_len}
-  if d.task == "sudoku_digits":
-    if config.vocab_size < sudoku_task.DIGIT_VOCAB_SIZE:
-      raise ValueError(f"sudoku_digits needs vocab_size >= {sudoku_task.DIGIT_VOCAB_SIZE}, got {config.vocab_size}")
-    return sudoku_task.make_train_dataset(data, **common, noise_rank=ordered_noise), {"task": task}
-  if d.task == "sudoku_text":  # the official format, tokenised with the checkpoint's tokenizer
-    tokenizer_path = os.path.expanduser(d.tokenizer or c.init_from)
-    if not tokenizer_path:
-      raise ValueError("data.task='sudoku_text' needs data.tokenizer or init_from (a directory with a tokenizer)")
-    tok = load_tokenizer(tokenizer_path)
-    if tok.vocab_size > config.vocab_size or tok.pad_id != config.pad_id:
-      raise ValueError(f"tokenizer {tokenizer_path} (vocab {tok.vocab_size}, pad {tok.pad_id}) does not fit the "
-                       f"model (vocab {config.vocab_size}, pad {config.pad_id})")
-    task["tokenizer"] = os.path.abspath(tokenizer_path)
-    return sudoku_text.make_train_dataset(tok, data, **common), {"task": task}
-  raise ValueError(f"unknown data.task {d.task!r}; available: 'sudoku_digits', 'sudoku_text'")
+  noise_rank = c.diffusion.get("ordered_noise_prob", 0.0) > 0  # batches carry the order of corruption
+  task = task or tasks.for_config(c, config, noise_rank)
+  dataset = task.train_dataset(c, local_batch, shard_index, shard_count, noise_rank)
+  return dataset, {"task": task.metadata}
 
 
 def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None = None) -> dict:
@@ -140,7 +108,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   shard = sharding.data_shard(mesh, rules, c.batch_size)  # also checks that the mesh divides the batch
   config, params, init_metadata = build_model(c, mesh, rules)
   # --- Data ---------------------------------------------------------------------------------------
-  dataset, task_metadata = build_data(c, config, shard)
+  task = tasks.for_config(c, config, c.diffusion.get("ordered_noise_prob", 0.0) > 0)
+  dataset, task_metadata = build_data(c, config, shard, task)
   # Whether the self-conditioning branch learned anything, and the model's own sampling defaults (a bad knob fails
   # now, not at the first evaluation).
   task_metadata.update(sampling_metadata(c, init_metadata))
@@ -185,8 +154,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
     """(name, trainable weights): the weights themselves ("") and each moving average ("_ema<decay>")."""
     return [("", state.trainable)] + [(f"_ema{d:g}", state_lib.ema_trainable(state, i, d))
                                       for i, d in enumerate(ema_decays)]
-  # --- Evaluation (held-out puzzle accuracy every eval.every steps, logged as eval/*) ----------------
-  evaluator = evaluation.make_evaluator(c, config, task_metadata)
+  # --- Evaluation (the task's held-out scores every eval.every steps, logged as eval/*) ---------------
+  evaluator = task.make_evaluator(c, task_metadata)
   # --- Resume -------------------------------------------------------------------------------------
   ckpt = checkpointing.Checkpointer(workdir, keep=c.keep_checkpoints)
   start = ckpt.latest_step() or 0
@@ -198,7 +167,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
     checkpointing.write_run_info(workdir, config, task_metadata)
   last_saved = start
   # --- Loop ---------------------------------------------------------------------------------------
-  tokens_per_example = c.data.prompt_len + config.canvas_length
+  tokens_per_example = task.prompt_len + config.canvas_length
   logger = metrics_lib.MetricsLogger(os.path.join(workdir, "tb") if lead else None,
                                      c.num_train_steps, tokens_per_example, c.batch_size, echo=lead)
   last_scalars: dict = {}
@@ -225,12 +194,12 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
 
   def run_eval(step: int) -> None:
     for suffix, trainable in weight_sets():  # eval/* for the weights, eval_ema<decay>/* for each average
+      start_s = time.perf_counter()
       scores = evaluator(state_lib.model_params(trainable, state.frozen, config))
+      scores["eval/seconds"] = time.perf_counter() - start_s
       logger.write(step, {k.replace("eval/", f"eval{suffix}/"): v for k, v in scores.items()})
       logger.exclude(scores["eval/seconds"])
-      say(f"eval{suffix} at step {step}: {scores['eval/accuracy']:.1%} of puzzles solved, "
-          f"{scores['eval/cell_accuracy']:.1%} of blank cells right, {scores['eval/mean_steps']:.1f} mean steps "
-          f"({scores['eval/seconds']:.0f} s)", flush=True)
+      say(f"eval{suffix} at step {step}: {task.describe(scores)} ({scores['eval/seconds']:.0f} s)", flush=True)
 
   say(f"Training {sum(x.size for x in jax.tree.leaves(state.trainable)):,} parameters "
       f"({'LoRA rank %d' % c.lora_rank if c.lora_rank else 'full'}) for {c.num_train_steps} steps on "
@@ -284,7 +253,7 @@ def main(argv):
   del argv
   c = _CONFIG.value
   if c is None:
-    raise app.UsageError("--config is required, e.g. --config=configs/sft_sudoku.py")
+    raise app.UsageError("--config is required, e.g. --config=configs/<file>.py")
   workdir = workdir_from_flags()
   try:
     logs.log_to_workdir(workdir)  # library INFO logging to WORKDIR/train.log; the terminal keeps warnings

@@ -56,15 +56,15 @@ class ModelConfig:
   moe_impl: str = "xla"  # "xla" (lax.ragged_dot), "dense" (every expert, for CPU sampling) or "pallas"
   remat: bool = False  # gradient checkpointing of every block
   # > 0: a learned absolute position embedding for this many positions is added to the token embedding.
-  # Not part of Gemma (0 there); it helps small models trained from scratch on grid tasks such as Sudoku.
+  # Not part of Gemma (0 there); it helps small models trained from scratch on grid-like tasks.
   learned_positions: int = 0
-  # Optional structure for that table: per absolute position, the rows of the table whose sum is its
-  # embedding (e.g. Sudoku: segment + row + column + box, so a prompt cell and its canvas cell share rows).
-  # Empty: position p uses row p. Positions past the end use the last entry.
+  # Optional per-position feature rows supplied by the task: for each absolute position, the rows of that table
+  # whose sum is its embedding (e.g. on a grid: segment + row + column + box, so that an input cell and the
+  # canvas cell it fixes share rows). Empty: position p uses row p. Positions past the end use the last entry.
   position_features: tuple[tuple[int, ...], ...] = ()
   # Needs position_features. A learned attention-logit bias per layer, head and position feature, added to every
-  # (query, key) pair whose positions share that feature (Sudoku: same segment / row / column / box), in the spirit
-  # of T5's relative-position bias. Zero at init (the plain model); not Gemma.
+  # (query, key) pair whose positions share that feature, in the spirit of T5's relative-position bias. Zero at
+  # init (the plain model); not Gemma.
   relation_bias: bool = False
   # Switches for Gemma 3 backbones (imported from GGUF, dgemma/checkpoints/gguf.py); the defaults are Gemma 4's.
   # Gemma 3 scales queries by query_pre_attn_scalar**-0.5 where Gemma 4 uses 1.0, and has no V-norm.
@@ -299,7 +299,7 @@ def tiny_moe(**overrides: Any) -> ModelConfig:
 
 def small_dense(vocab_size: int, width: int = 128, num_layers: int = 6, num_heads: int = 4,
                 canvas_length: int = 81, **overrides: Any) -> ModelConfig:
-  """A small dense (no MoE) model for CPU training from scratch, e.g. Sudoku with a digit vocabulary."""
+  """A small dense (no MoE) model for CPU training from scratch, e.g. a task with a small vocabulary of its own."""
   head_dim = width // num_heads
   fields = dict(
       vocab_size=vocab_size, width=width, num_layers=num_layers, num_heads=num_heads,

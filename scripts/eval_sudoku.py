@@ -4,8 +4,8 @@
       [--adaptive_stopping=false] [--mode=diffusion|ar|both] [--samples=1] [--json_out=results.json]
 
 --data is a Kaggle-style CSV (puzzle,solution or quizzes,solutions) or an .npz written by
-`dgemma.data.sudoku.generate_dataset`. The checkpoint may use either Sudoku task (the digit vocabulary or the
-official text format with its tokenizer, see dgemma/sampling/sudoku.py). Reports puzzle accuracy, cell accuracy over the blanks, clue
+`dgemma.tasks.sudoku.puzzles.generate_dataset`. The checkpoint may use either Sudoku task (the digit vocabulary or the
+official text format with its tokenizer, see dgemma/tasks/sudoku/task.py). Reports puzzle accuracy, cell accuracy over the blanks, clue
 preservation, denoising steps (mean, median), tokens per forward pass and wall time, overall and split by
 difficulty: clue-count buckets as the official eval (easy >= 40, medium 30-39, hard < 30) and our solver label
 (singles: solvable by naked/hidden singles alone; search: needs search).
@@ -55,7 +55,7 @@ def load_data(path: str, limit: int = 0) -> dict:
   """{"puzzle", "solution", "num_clues", "needs_search"} from a CSV or an npz."""
   import numpy as np
 
-  from dgemma.data import sudoku, sudoku_formats
+  from dgemma.tasks.sudoku import puzzles as sudoku, formats as sudoku_formats
   if not os.path.isfile(path):
     raise ValueError(f"{path}: data file not found")
   if path.endswith(".npz"):
@@ -87,7 +87,7 @@ def summarize(data: dict, predictions, steps, tokens_per_forward, sequential_ste
   `sequential_steps` (--samples > 1) each group also has `sequential_mean_steps`."""
   import numpy as np
 
-  from dgemma.data import sudoku, sudoku_task
+  from dgemma.tasks.sudoku import puzzles as sudoku, digits as sudoku_task
 
   def group(mask):
     n = int(mask.sum())
@@ -129,7 +129,7 @@ def decode(params, task, puzzles, mode: str, sampler, batch_size: int, seed: int
   import jax
   import numpy as np
 
-  from dgemma.sampling import sudoku as sudoku_sampling
+  from dgemma.tasks.sudoku import task as sudoku_sampling
   from dgemma.sampling.autoregressive import compile_autoregressive
   from dgemma.sampling.generate import compile_generate
 
@@ -161,7 +161,7 @@ def evaluate(params, task, data: dict, mode: str, sampler, batch_size: int, seed
   those a one-at-a-time draw would spend."""
   import numpy as np
 
-  from dgemma.data import sudoku
+  from dgemma.tasks.sudoku import puzzles as sudoku
 
   puzzles = np.asarray(data["puzzle"])
   preds, steps, tpf, wall, compile_s = decode(params, task, np.repeat(puzzles, samples, axis=0), mode, sampler,
@@ -204,7 +204,7 @@ def _print(name: str, r: dict) -> None:
 
 
 def run() -> int:
-  from dgemma.sampling import sudoku as sudoku_sampling
+  from dgemma.tasks.sudoku import task as sudoku_sampling
 
   if not FLAGS.ckpt or not FLAGS.data:
     raise ValueError("--ckpt and --data are required")

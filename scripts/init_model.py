@@ -14,7 +14,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 
-from dgemma import checkpoints, model  # noqa: E402
+from dgemma import checkpoints, model, tasks  # noqa: E402
 from dgemma.training.config_utils import model_config, sampling_metadata  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.")
@@ -28,7 +28,7 @@ def main(argv):
     raise app.UsageError("--config is required, e.g. --config=configs/sft_sudoku.py")
   config = model_config(c.model_preset, c.model.to_dict())
   params = model.init_params(config, jax.random.key(c.seed))
-  task = {"task": {"name": c.data.task, "prompt_len": c.data.prompt_len}}
+  task = {"task": tasks.for_config(c, config).metadata}
   task.update(sampling_metadata(c))  # as train.py records it: the untrained row of a table is sampled alike
   checkpoints.save_model(_OUT.value, config, params, task)
   print(f"wrote an untrained {config.num_layers}-layer model to {_OUT.value}")

@@ -14,7 +14,7 @@ import numpy as np
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from dgemma.data import sudoku, sudoku_formats  # noqa: E402
+from dgemma.tasks.sudoku import puzzles as sudoku, formats as sudoku_formats  # noqa: E402
 
 _N = flags.DEFINE_integer("n", 1000, "Number of puzzles.")
 _SEED = flags.DEFINE_integer("seed", 12345, "Generator seed.")

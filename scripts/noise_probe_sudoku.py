@@ -36,7 +36,7 @@ def probe(params, config, puzzles, solutions, noise_levels, confident: float, se
   import numpy as np
 
   from dgemma import model
-  from dgemma.data import sudoku_task
+  from dgemma.tasks.sudoku import digits as sudoku_task
   from dgemma.diffusion import corruption
 
   batch = sudoku_task.encode_batch(puzzles, solutions, prompt_len=sudoku_task.PROMPT_CONTENT_LEN,
@@ -64,7 +64,7 @@ def run() -> int:
   import numpy as np
 
   from dgemma.loading import load_model
-  from dgemma.sampling import sudoku as sudoku_solver
+  from dgemma.tasks.sudoku import task as sudoku_solver
   from scripts.eval_sudoku import load_data
 
   if not FLAGS.ckpt or not FLAGS.data:

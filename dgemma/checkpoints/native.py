@@ -1,5 +1,5 @@
 """Our own inference checkpoint: a directory with `dgemma.json` (model config + metadata) and
-`params.safetensors` (flat '/'-joined parameter names). Small models (e.g. assets/sudoku-small) ship so.
+`params.safetensors` (flat '/'-joined parameter names). Small models (e.g. the checkpoints in assets/) ship so.
 
 `dgemma.loading.load_model(path)` opens any checkpoint a user may hand us: this format, an HF DiffusionGemma
 directory, a GGUF file or a training workdir (its latest step).

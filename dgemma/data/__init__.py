@@ -1,5 +1,4 @@
-"""Data layer: Sudoku generation/solving (``sudoku``), CSV formats (``sudoku_formats``)
-and model-example encoding plus the grain training pipeline (``sudoku_task``).
+"""Generic data helpers: the tokenizer loader (``tokenizer``). Task data lives with its task (dgemma/tasks).
 
 Submodules are not imported here so that ``import dgemma.data`` stays cheap.
 """

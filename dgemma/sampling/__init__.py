@@ -1,5 +1,5 @@
 """Sampling: block-diffusion generation as one jitted program, an autoregressive baseline with the same
-backbone, Sudoku solving, and step-by-step display.
+backbone, and step-by-step display (tasks that use them: dgemma/tasks).
 
     from dgemma.sampling import SamplerConfig, generate
     out = generate(params, config, prompt_BxP, prompt_valid_BxP, jax.random.key(0), SamplerConfig())

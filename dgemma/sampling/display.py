@@ -16,8 +16,6 @@ from typing import Callable, Sequence, TextIO
 
 import numpy as np
 
-from dgemma.data import sudoku
-
 
 @dataclasses.dataclass
 class Frame:
@@ -56,34 +54,6 @@ def build_frames(trajectory_NxSxC: np.ndarray, steps_N: np.ndarray, committed_Nx
       previous = ids
     prefix = prefix + [int(t) for t in committed_NxC[i]]
   return frames
-
-
-def sudoku_frames(trajectory_SxC: np.ndarray, steps: int, cells: Callable[[np.ndarray], np.ndarray]
-                  ) -> list[Frame]:
-  """Frames of a Sudoku canvas as a 9x9 grid: `cells` maps a canvas to its 81 digits (0: blank so far)."""
-  frames, previous = [], None
-  for k in range(int(steps)):
-    grid = np.asarray(cells(np.asarray(trajectory_SxC[k])))
-    changed = np.ones(sudoku.NUM_CELLS, bool) if previous is None else grid != previous
-    label = f"step {k + 1}/{len(trajectory_SxC)}"
-    frames.append(Frame(label, _grid_pieces([str(d) if 1 <= d <= 9 else "·" for d in grid], changed)))
-    previous = grid
-  return frames
-
-
-def _grid_pieces(cells: list[str], changed: np.ndarray) -> list[tuple[str, bool]]:
-  pieces: list[tuple[str, bool]] = []
-  for idx, (text, moved) in enumerate(zip(cells, changed)):
-    pieces.append((text, bool(moved)))
-    col = idx % 9
-    if col == 8:
-      if idx // 9 in (2, 5):
-        pieces.append(("\n------+-------+------", False))
-      if idx != sudoku.NUM_CELLS - 1:
-        pieces.append(("\n", False))
-    else:
-      pieces.append((" | " if col in (2, 5) else " ", False))
-  return pieces
 
 
 def _ansi(frame: Frame) -> str:

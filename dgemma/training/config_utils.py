@@ -27,7 +27,7 @@ model_config = model_configs.from_preset  # (config.model_preset, config.model o
 
 
 def sampling_metadata(c: ml_collections.ConfigDict, init_metadata: dict | None = None) -> dict:
-  """What a run's model records for sampling it (read back by sample.py, eval_sudoku.py and the evaluations):
+  """What a run's model records for sampling it (read back by sample.py, the eval scripts and the evaluations):
   `self_conditioning`, whether that branch learned anything (here or in the `init_from` checkpoint), and
   `sampler`, the config's sampling defaults, else those of the checkpoint it starts from. A bad knob fails here."""
   from dgemma import sampling  # (the sampler imports the model; configs need not)

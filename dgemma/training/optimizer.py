@@ -10,7 +10,7 @@ scales Muon's.
 {"relation_bias": 10} moves those weights ten times as fast. Adam moves a weight by about the learning rate per
 step whatever its gradient's size, so a weight that starts at zero and must grow large (a relation bias that
 confines a head to its row wants logits of ~5-10) is otherwise bounded by the sum of the schedule (~4 for the
-Sudoku default's 2,500 steps).
+default config's 2,500 steps).
 """
 
 from __future__ import annotations

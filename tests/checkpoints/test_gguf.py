@@ -19,7 +19,7 @@ import torch
 from dgemma import model
 from dgemma.checkpoints.gguf import config_from_gguf, load_gguf, packaged_gemma3_270m, read_gguf
 from dgemma.config import gemma3_270m
-from dgemma.data import sudoku_text
+from dgemma.tasks.sudoku import text as sudoku_text
 from dgemma.data.tokenizer import gguf_tokenizer, load_tokenizer
 from dgemma.diffusionize import diffusionize
 from dgemma.sampling import ARConfig, generate_autoregressive

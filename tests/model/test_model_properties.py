@@ -145,7 +145,7 @@ def test_position_features_share_table_rows():
 
 
 def _sudoku_relation_config(**overrides):
-  from dgemma.data import sudoku_task
+  from dgemma.tasks.sudoku import digits as sudoku_task
   return CONFIG.replace(canvas_length=81, learned_positions=sudoku_task.CELL_POSITION_ROWS,
                         position_features=sudoku_task.cell_position_features(), relation_bias=True, **overrides)
 
@@ -153,7 +153,7 @@ def _sudoku_relation_config(**overrides):
 def test_shared_features_match_the_grid():
   """Sudoku layout (BOS, 81 clues, 81 canvas cells): the shared-feature bits against row/column/box computed
   from the cell indices."""
-  from dgemma.data import sudoku_task
+  from dgemma.tasks.sudoku import digits as sudoku_task
   from dgemma.model.masks import shared_features
   positions = jnp.arange(163)[None]
   same_FxBxTxS = np.asarray(shared_features(sudoku_task.cell_position_features(), positions, positions))[:, 0]

@@ -163,7 +163,7 @@ def test_matmul_dtype_runs_float32_weights_with_bf16_matmuls(ckpts, capsys, monk
     (["--ckpt={bare}", "--prompt_ids=2,5,6", "--steps=0"], "error: max_denoising_steps must be a positive"),
     (["--ckpt={bare}", "--prompt_ids=2,x"], "error: --prompt_ids must be comma-separated integers"),
     (["--ckpt={bare}", "--prompt_ids=2,99"], "error: prompt_tokens has token ids outside [0, 64)"),
-    (["--ckpt={bare}", "--prompt_ids=2", "--samples=2"], "error: --samples > 1 needs a Sudoku checkpoint"),
+    (["--ckpt={bare}", "--prompt_ids=2", "--samples=2"], "error: --samples > 1 needs a task checkpoint"),
     (["--ckpt={bare}", "--prompt_ids=2", "--samples=0"], "error: --samples must be >= 1, got 0"),
     (["--ckpt={bare}"], "error: give exactly one of --prompt, --prompt_ids or --prompts_file"),
     (["--ckpt={bare}", "--prompt_ids=;"], "error: --prompt_ids has no prompts"),

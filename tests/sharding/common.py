@@ -13,8 +13,8 @@ import numpy as np
 import train
 from configs import sft_sudoku
 from dgemma import sharding
-from dgemma.data import sudoku_task
 from dgemma.diffusion.config import ObjectiveConfig
+from dgemma.tasks.sudoku import digits as sudoku_task
 from dgemma.sampling import SamplerConfig
 from dgemma.training import config_utils, optimizer, state as state_lib
 

@@ -9,7 +9,7 @@ import jax
 
 from dgemma import checkpoints, model
 from dgemma.config import small_dense
-from dgemma.data import sudoku_task
+from dgemma.tasks.sudoku import digits as sudoku_task
 from tests.sharding import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

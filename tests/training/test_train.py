@@ -12,6 +12,7 @@ import train
 from configs import sft_sudoku
 from dgemma.diffusion.config import ObjectiveConfig
 from dgemma.loading import load_model
+from configs.sudoku import official
 from dgemma.training import checkpointing, metrics
 from tests.script_loader import load_script
 
@@ -224,20 +225,21 @@ def test_cli_errors_are_one_line(tmp_path):
 
 
 def test_ordered_noise_needs_the_digit_task(tmp_path):
-  c = debug_config(tmp_path, **{"diffusion.ordered_noise_prob": 0.5, "data.task": "sudoku_text"})
-  with pytest.raises(ValueError, match="ordered_noise_prob > 0 needs data.task='sudoku_digits'"):
+  c = debug_config(tmp_path, **{"diffusion.ordered_noise_prob": 0.5, "task.name": "sudoku_text"})
+  with pytest.raises(ValueError, match="ordered_noise_prob > 0 needs a task whose batches carry a noise order; "
+                                       "task.name='sudoku_text' has none"):
     train.build_data(c, train.build_model(c)[0])
 
 
 def test_official_text_format_from_an_hf_checkpoint(tmp_path):
   """The real-model variant (`:init=DIR`, LoRA, text format with the checkpoint's tokenizer) on a tiny random
   HF DiffusionGemma with a tiny character tokenizer saved beside it."""
-  from tests.data.test_sudoku_text import CHARS, SPECIALS, _save_tokenizer
+  from tests.tasks.sudoku.test_sudoku_text import CHARS, SPECIALS, _save_tokenizer
   from tests.hf_reference import random_hf_model
   ckpt = tmp_path / "hf"
   random_hf_model(seed=0, vocab_size=len(SPECIALS) + len(CHARS) + 1).save_pretrained(ckpt)
   _save_tokenizer(str(ckpt / "tokenizer.json"))
-  c = sft_sudoku.get_config(f"init={ckpt},size=debug")
+  c = official.get_config(f"init={ckpt},size=debug")
   c.data.cache_dir = str(tmp_path / "data")
   c.data.num_train, c.data.prompt_len = 50, 512
   c.model.canvas_length = 168
@@ -252,9 +254,9 @@ def test_official_text_format_from_an_hf_checkpoint(tmp_path):
 def test_evaluation_during_training_is_logged_and_matches_the_saved_model(tmp_path):
   """eval/* scalars land in TensorBoard at every eval.every steps; the last one equals solving the same held-out
   puzzles with the saved model (recomputed here through the public solver)."""
-  from dgemma.data import sudoku, sudoku_task
+  from dgemma.tasks.sudoku import puzzles as sudoku, digits as sudoku_task
   from dgemma.sampling import SamplerConfig
-  from dgemma.sampling import sudoku as sudoku_solver
+  from dgemma.tasks.sudoku import task as sudoku_solver
   c = debug_config(tmp_path, **{"eval.every": 3, "eval.num_puzzles": 4, "eval.max_steps": 6,
                                 "sampler.t_max": 1.3, "sampler.t_min": 0.9})
   train.train(c, str(tmp_path / "run"))

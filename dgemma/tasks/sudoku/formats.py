@@ -7,7 +7,7 @@ Accepted inputs are the two common Kaggle layouts, one puzzle per row as
 * ``quizzes,solutions`` (bryanpark, "1 million Sudoku games")
 
 Extra columns are ignored. Results use the same dict layout as
-:func:`dgemma.data.sudoku.generate_dataset`.
+:func:`dgemma.tasks.sudoku.puzzles.generate_dataset`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from dgemma.data import sudoku
+from dgemma.tasks.sudoku import puzzles as sudoku
 
 __all__ = ["ACCEPTED_HEADERS", "read_csv", "write_csv"]
 

@@ -6,24 +6,19 @@ The puzzles are generated from `eval.seed`, which must differ from the training 
 
 from __future__ import annotations
 
-import time
-from typing import Callable
-
 import jax
 import ml_collections
 import numpy as np
 
-from dgemma.config import ModelConfig
-from dgemma.data import sudoku, sudoku_task
 from dgemma.sampling import sampler_config, self_conditioning_for
-from dgemma.sampling import sudoku as sudoku_solver
+from dgemma.tasks.base import Evaluator
+from dgemma.tasks.sudoku import digits, solving
+from dgemma.tasks.sudoku import puzzles as sudoku
 
-Evaluator = Callable[[dict], dict[str, float]]
 
-
-def make_evaluator(c: ml_collections.ConfigDict, config: ModelConfig, task_metadata: dict) -> Evaluator | None:
-  """params -> {"eval/accuracy", "eval/cell_accuracy", "eval/mean_steps", "eval/seconds"}; None when
-  `eval.every` is 0 or the config has no `eval` section."""
+def make_evaluator(c: ml_collections.ConfigDict, task, metadata: dict) -> Evaluator | None:
+  """params -> {"eval/accuracy", "eval/cell_accuracy", "eval/mean_steps"}; None when `eval.every` is 0 or the
+  config has no `eval` section. `metadata`: the run's checkpoint metadata (its sampler defaults)."""
   e = c.get("eval")
   if e is None or not e.every:
     return None
@@ -34,22 +29,25 @@ def make_evaluator(c: ml_collections.ConfigDict, config: ModelConfig, task_metad
   if jax.process_count() > 1:
     raise ValueError("evaluation during training runs in single-process runs only; set --config.eval.every=0 "
                      "and use scripts/eval_sudoku.py on the saved model")
-  task = sudoku_solver.load_task(config, task_metadata)
   data = sudoku.generate_dataset(e.num_puzzles, e.seed, c.data.min_clues, c.data.max_clues)
   puzzles, solutions = np.asarray(data["puzzle"]), np.asarray(data["solution"])
   autoregressive = c.diffusion.diffusion_loss_weight == 0  # a model trained only causally is decoded causally
-  sampler = sampler_config(task_metadata, max_denoising_steps=e.max_steps,  # the run's `sampler` knobs
-                           self_conditioning=self_conditioning_for(task_metadata))
+  sampler = sampler_config(metadata, max_denoising_steps=e.max_steps,  # the run's `sampler` knobs
+                           self_conditioning=self_conditioning_for(metadata))
 
   def evaluate(params: dict) -> dict[str, float]:
-    start = time.perf_counter()
     rng = jax.random.key(e.seed)
     if autoregressive:
-      result = sudoku_solver.solve_autoregressive(params, task, puzzles, rng)
+      result = solving.solve_autoregressive(params, task, puzzles, rng)
     else:
-      result = sudoku_solver.solve(params, task, puzzles, rng, sampler)
-    scores = sudoku_task.score(puzzles, solutions, result.predictions)
+      result = solving.solve(params, task, puzzles, rng, sampler)
+    scores = digits.score(puzzles, solutions, result.predictions)
     return {"eval/accuracy": scores["accuracy"], "eval/cell_accuracy": scores["cell_accuracy"],
-            "eval/mean_steps": float(np.mean(result.steps)), "eval/seconds": time.perf_counter() - start}
+            "eval/mean_steps": float(np.mean(result.steps))}
 
   return evaluate
+
+
+def describe(scores: dict[str, float]) -> str:
+  return (f"{scores['eval/accuracy']:.1%} of puzzles solved, {scores['eval/cell_accuracy']:.1%} of blank cells "
+          f"right, {scores['eval/mean_steps']:.1f} mean steps")

@@ -15,12 +15,12 @@ import tokenizers
 from dgemma import model
 from dgemma.checkpoints import save_model
 from dgemma.config import small_dense
-from dgemma.data import sudoku, sudoku_formats, sudoku_task, sudoku_text
+from dgemma.tasks.sudoku import puzzles as sudoku, formats as sudoku_formats, digits as sudoku_task, text as sudoku_text
 from dgemma.sampling import SamplerConfig
-from dgemma.sampling import sudoku as sudoku_sampling
+from dgemma.tasks.sudoku import task as sudoku_sampling
 from tests.script_loader import load_script
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 CLASSIC = "530070000600195000098000060800060003400803001700020006060000280000419005000080079"
 SAMPLER = SamplerConfig(max_denoising_steps=4)  # what eval_sudoku.py builds from --max_steps=4
 

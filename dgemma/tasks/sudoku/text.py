@@ -1,7 +1,7 @@
 """Sudoku in the official text format, tokenised with a checkpoint's tokenizer.
 
 This is the format of the released Sudoku recipe (spec §6), for fine-tuning a
-pretrained checkpoint; :mod:`dgemma.data.sudoku_task` is the compact
+pretrained checkpoint; :mod:`dgemma.tasks.sudoku.digits` is the compact
 digit-vocabulary format for small models trained from scratch.
 
 * Prompt: :data:`SUDOKU_PROMPT` with ``{text}`` = the puzzle as 81 digits
@@ -27,7 +27,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from dgemma.data import sudoku, sudoku_task
+from dgemma.tasks.sudoku import digits as sudoku_task, puzzles as sudoku
 from dgemma.data.tokenizer import Tokenizer
 
 __all__ = [
@@ -177,7 +177,7 @@ def decode_batch(tokenizer: Tokenizer, tokens: np.ndarray) -> np.ndarray:
     stop token (EOS, and ``<turn|>`` when the vocabulary has it); the rest is
     decoded and :func:`extract_solution` applied. A row with fewer than 81
     digits decodes to all zeros (blanks), which never match a solution, so the
-    result can go straight to :func:`dgemma.data.sudoku_task.score`.
+    result can go straight to :func:`dgemma.tasks.sudoku.digits.score`.
     """
     tokens = np.asarray(tokens)
     if tokens.ndim != 2:
@@ -239,7 +239,7 @@ def make_train_dataset(
     Each batch is ``{"prompt": [B, prompt_len] int32, "canvas": [B, canvas_len]
     int32, "canvas_mask": [B, canvas_len] bool, "num_clues": [B] int16,
     "needs_search": [B] bool}``. This is the pipeline of
-    :func:`dgemma.data.sudoku_task.make_train_dataset` (``read_options`` go to
+    :func:`dgemma.tasks.sudoku.digits.make_train_dataset` (``read_options`` go to
     it) with each batch re-encoded as text, so sharding, per-epoch shuffling
     and the deterministic symmetry augmentation are exactly the same: same
     records, same order, same symmetries for the same seed. Resume with

@@ -27,7 +27,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from dgemma.data import sudoku
+from dgemma.tasks.sudoku import puzzles as sudoku
 
 __all__ = [
     "PAD_ID",

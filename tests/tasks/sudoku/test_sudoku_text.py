@@ -11,7 +11,7 @@ import pytest
 import tokenizers
 from tokenizers import decoders, models
 
-from dgemma.data import sudoku, sudoku_task, sudoku_text
+from dgemma.tasks.sudoku import puzzles as sudoku, digits as sudoku_task, text as sudoku_text
 from dgemma.data.tokenizer import Tokenizer, load_tokenizer
 
 # Spec §6, written out by hand: spaces after "system" and "user", real newlines.

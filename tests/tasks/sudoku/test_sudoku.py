@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from dgemma.data import sudoku, sudoku_formats, sudoku_task
+from dgemma.tasks.sudoku import puzzles as sudoku, formats as sudoku_formats, digits as sudoku_task
 
 # A well-known puzzle that needs search (singles alone stall on it).
 HARD = "800000000003600000070090200050007000000045700000100030001000068008500010090000400"

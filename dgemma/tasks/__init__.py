@@ -1,0 +1,72 @@
+"""Tasks as plug-ins: the registry from `config.task.name` (recorded in every checkpoint's metadata as
+`metadata["task"]["name"]`) to the class implementing `dgemma.tasks.base.Task`.
+
+A new task is one folder under dgemma/tasks/ plus one line in `_REGISTRY` (or a `register` call); docs/tasks.md.
+Entries are "module:Class" strings, imported on first use: the registry does not import every task.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from dgemma.tasks.base import Evaluator, Task
+
+_REGISTRY: dict[str, Any] = {
+    "sudoku_digits": "dgemma.tasks.sudoku.task:DigitsTask",
+    "sudoku_text": "dgemma.tasks.sudoku.task:TextTask",
+}
+
+__all__ = ["Task", "Evaluator", "register", "names", "get", "for_config", "for_checkpoint", "name_of"]
+
+
+def register(name: str, task_class: Any) -> None:
+  """Adds (or replaces) a task: `task_class` is a class with `from_config` / `from_metadata`, or "module:Class"."""
+  if not name or not isinstance(name, str):
+    raise ValueError(f"a task name must be a non-empty string, got {name!r}")
+  _REGISTRY[name] = task_class
+
+
+def names() -> list[str]:
+  return sorted(_REGISTRY)
+
+
+def get(name: str) -> Any:
+  """The class registered under `name`; a one-line ValueError naming the registered tasks otherwise."""
+  if name not in _REGISTRY:
+    raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(names())}")
+  entry = _REGISTRY[name]
+  if isinstance(entry, str):
+    module, _, attr = entry.partition(":")
+    entry = _REGISTRY[name] = getattr(importlib.import_module(module), attr)
+  return entry
+
+
+def for_config(c, config, noise_rank: bool = False) -> Task:
+  """The task of a training run: `c.task.name` from the registry, built from the run's config. `noise_rank`:
+  the run needs batches with a noise order (refused now, before any data is built, for a task without one)."""
+  task = c.get("task")
+  name = task.get("name") if task is not None else None
+  if not name:
+    raise ValueError(f"the config has no task.name; registered tasks: {', '.join(names())}")
+  task_class = get(name)
+  if noise_rank and not getattr(task_class, "supports_noise_rank", False):
+    ordered = [n for n in names() if getattr(get(n), "supports_noise_rank", False)]
+    raise ValueError(f"diffusion.ordered_noise_prob > 0 needs a task whose batches carry a noise order; "
+                     f"task.name={name!r} has none (tasks with one: {', '.join(ordered) or 'none'})")
+  return task_class.from_config(c, config)
+
+
+def name_of(metadata: Any) -> str | None:
+  """The task name a checkpoint's metadata records (None: a plain language model)."""
+  task = metadata.get("task") if isinstance(metadata, dict) else None
+  name = task.get("name") if isinstance(task, dict) else None
+  return name if isinstance(name, str) and name else None
+
+
+def for_checkpoint(config, metadata: dict, ckpt_path: str | None = None) -> Task | None:
+  """The task a checkpoint was trained on, from its metadata; None for a checkpoint without a task."""
+  name = name_of(metadata)
+  if name is None:
+    return None
+  return get(name).from_metadata(config, metadata["task"], ckpt_path)
