@@ -382,7 +382,8 @@ def table_lines(result: dict) -> list[str]:
               f"({roof['denoise_tflops']:.3g} TFLOP/s, {frac('denoise_fraction_of_peak')} of peak); AR token "
               f"{1e3 * r['ar_token_s'][0]:.3f} ms ({roof['ar_gbps']:.4g} GB/s of weights, "
               f"{frac('ar_fraction_of_hbm')} of HBM; {roof['experts_read_per_layer']:.3g} experts per layer)",
-              "", "| new tokens | S per canvas | diffusion tok/s | AR tok/s | diffusion / AR |", "|---|---|---|---|---|"]
+              "", "| new tokens | S per canvas | diffusion tok/s | AR tok/s | diffusion / AR |",
+              "|---|---|---|---|---|"]
     for g in r["generation"]:
       lines.append(f"| {g['new_tokens']} | {g['steps_per_canvas']} | {g['diffusion_tokens_per_s']:.1f} | "
                    f"{g['ar_tokens_per_s']:.1f} | {g['speedup']:.2f}x |")

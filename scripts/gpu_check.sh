@@ -44,11 +44,12 @@ if [ "$dry" = 1 ]; then
   mfu_args=(--tiny)
 fi
 
-{ nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"; $py -c "import jax; print('jax', jax.__version__, jax.devices())"; } \
-  2>&1 | tee -a "$log"
+{ nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"
+  $py -c "import jax; print('jax', jax.__version__, jax.devices())"; } 2>&1 | tee -a "$log"
 
 stage "1. ${tests[*]} on this device" "$(left 90)"
-timeout "$(left 90)" $py -m pytest -q -x "${tests[@]}" --junitxml="$out/tests_kernels.xml" 2>&1 | tail -15 | tee -a "$log"
+timeout "$(left 90)" $py -m pytest -q -x "${tests[@]}" --junitxml="$out/tests_kernels.xml" 2>&1 | tail -15 \
+  | tee -a "$log"
 rc "${PIPESTATUS[0]}"
 
 stage "2. latency, batch 1" "$(left 170)"
@@ -57,7 +58,8 @@ timeout "$(left 170)" $py scripts/bench_latency.py "${latency_args[@]}" --batch=
 rc "${PIPESTATUS[0]}"
 
 stage "3. kernel table" "$(left 50)"
-timeout "$(left 50)" $py scripts/bench_kernels.py "${kernels_args[@]}" --out="$out/bench_kernels.md" 2>&1 | tee -a "$log"
+timeout "$(left 50)" $py scripts/bench_kernels.py "${kernels_args[@]}" --out="$out/bench_kernels.md" 2>&1 \
+  | tee -a "$log"
 rc "${PIPESTATUS[0]}"
 
 stage "4. training-step MFU, dense width 2048 x 16 layers, sequence 512, bf16" "$(left 50)"

@@ -85,3 +85,12 @@ def test_bad_override_is_one_line_error(capsys):
   assert bench.main(["--tiny", "--override=no_such_field=1"]) == 2
   err = capsys.readouterr().err.strip()
   assert err.startswith("error: bad --override entry 'no_such_field=1'") and "\n" not in err
+
+
+def test_gpu_check_refuses_an_unknown_argument(tmp_path):
+  """scripts/gpu_check.sh (its --dry-run runs every stage at tiny shapes: minutes, so not here)."""
+  import subprocess
+  from tests.script_loader import ROOT
+  done = subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh"), str(tmp_path / "out"), "5"],
+                        capture_output=True, text=True, cwd=ROOT)
+  assert done.returncode == 2 and done.stderr.strip() == "error: unknown argument 5 (expected --dry-run)"
