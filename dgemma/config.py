@@ -14,6 +14,39 @@ from typing import Any
 LOCAL = "local"  # sliding-window attention layer
 GLOBAL = "global"  # full attention layer
 MOE_IMPLS = ("xla", "dense", "pallas")  # see ModelConfig.moe_impl
+ATTENTION_IMPLS = ("xla", "pallas")  # see ModelConfig.attention_impl
+ATTENTION_MODES = ("encode", "denoise")  # the model's two passes (training runs both)
+
+
+def parse_attention_impl(spec: str) -> dict[tuple[str, str], str]:
+  """ModelConfig.attention_impl -> {(mode, kind): impl} for every mode and layer kind.
+
+  `spec` is one implementation for every layer ("xla", "pallas"), or comma-separated `selector=impl` entries,
+  the selector being a layer kind ("local", "global"), a mode ("encode", "denoise") or both ("denoise.global").
+  The most specific entry wins (mode.kind, then kind, then mode); what no entry covers is "xla".
+  """
+  if not isinstance(spec, str) or not spec:
+    raise ValueError(f"attention_impl must be a non-empty string, got {spec!r}")
+  if "=" not in spec:
+    if spec not in ATTENTION_IMPLS:
+      raise ValueError(f"attention_impl must be 'xla', 'pallas' or 'selector=impl,...', got {spec!r}")
+    return {(m, k): spec for m in ATTENTION_MODES for k in (LOCAL, GLOBAL)}
+  chosen = {}
+  for item in spec.split(","):
+    selector, _, impl = item.strip().partition("=")
+    parts = selector.split(".")
+    valid = (len(parts) == 1 and parts[0] in ATTENTION_MODES + (LOCAL, GLOBAL)) or (
+        len(parts) == 2 and parts[0] in ATTENTION_MODES and parts[1] in (LOCAL, GLOBAL))
+    if not valid:
+      raise ValueError(f"attention_impl entry {item!r}: the selector must be local, global, encode, denoise or "
+                       "mode.kind (e.g. denoise.global)")
+    if impl not in ATTENTION_IMPLS:
+      raise ValueError(f"attention_impl entry {item!r}: the implementation must be 'xla' or 'pallas'")
+    if selector in chosen:
+      raise ValueError(f"attention_impl names {selector!r} twice")
+    chosen[selector] = impl
+  return {(m, k): chosen.get(f"{m}.{k}", chosen.get(k, chosen.get(m, "xla")))
+          for m in ATTENTION_MODES for k in (LOCAL, GLOBAL)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,8 +85,11 @@ class ModelConfig:
   eos_id: int = 1
   bos_id: int = 2
   stop_ids: tuple[int, ...] = (1, 106, 50)
-  attention_impl: str = "xla"  # "xla" or "pallas"
-  moe_impl: str = "xla"  # "xla" (lax.ragged_dot), "dense" (every expert, for CPU sampling) or "pallas"
+  # "xla", "pallas", or per mode / layer kind, e.g. "local=pallas,global=xla" (parse_attention_impl)
+  attention_impl: str = "xla"
+  # "xla" (lax.ragged_dot), "dense" (every expert, for CPU sampling) or "pallas". Whatever the choice, few
+  # tokens (2·tokens·top_k <= num_experts, e.g. AR decoding) take layers.experts_gather: only the routed experts.
+  moe_impl: str = "xla"
   remat: bool = False  # gradient checkpointing of every block
   # > 0: a learned absolute position embedding for this many positions is added to the token embedding.
   # Not part of Gemma (0 there); it helps small models trained from scratch on grid-like tasks.
@@ -82,8 +118,7 @@ class ModelConfig:
         raise ValueError(f"num_heads={self.num_heads} is not a multiple of the {kind} KV heads")
     if self.num_experts and not 0 < self.top_k_experts <= self.num_experts:
       raise ValueError(f"top_k_experts={self.top_k_experts} must be in [1, num_experts={self.num_experts}]")
-    if self.attention_impl not in ("xla", "pallas"):
-      raise ValueError(f"attention_impl must be 'xla' or 'pallas', got {self.attention_impl!r}")
+    parse_attention_impl(self.attention_impl)
     if self.moe_impl not in MOE_IMPLS:
       raise ValueError(f"moe_impl must be 'xla', 'dense' or 'pallas', got {self.moe_impl!r}")
     if self.param_dtype not in ("float32", "bfloat16", "float16"):
@@ -99,7 +134,7 @@ class ModelConfig:
         raise ValueError(f"position_features ids must lie in [0, learned_positions={self.learned_positions})")
     if self.relation_bias and not self.position_features:
       raise ValueError("relation_bias needs position_features (the relations are equalities of those features)")
-    if self.relation_bias and self.attention_impl != "xla":
+    if self.relation_bias and "pallas" in parse_attention_impl(self.attention_impl).values():
       raise ValueError("relation_bias is implemented for attention_impl='xla' only")
     if not self.query_scale > 0:
       raise ValueError(f"query_scale must be > 0, got {self.query_scale!r}")
@@ -115,6 +150,10 @@ class ModelConfig:
     if kind == LOCAL:
       return self.local_rope_theta, self.local_rope_fraction
     return self.global_rope_theta, self.global_rope_fraction
+
+  def attention_for(self, kind: str, mode: str) -> str:
+    """The attention implementation of layers of this kind in this mode ("encode" or "denoise")."""
+    return parse_attention_impl(self.attention_impl)[(mode, kind)]
 
   def has_v_proj(self, kind: str) -> bool:
     return kind == LOCAL or not self.global_k_eq_v

@@ -35,7 +35,8 @@ class Attention(nn.Module):
                layer_kv: tuple[Array, Array], write_at: Int[Array, "B"] | None,
                shared_FxBxTxS: Array | None = None):
     """`mask` is dense [B, T, S] for the XLA attention, a `pallas_kernels.mask_spec.AttentionMask` (the same
-    mask, structured so hidden key blocks can be skipped) when config.attention_impl == "pallas".
+    mask, structured so hidden key blocks can be skipped) when this layer's kind and mode take "pallas"
+    (config.attention_for).
     `shared_FxBxTxS`: which position features each (query, key) pair shares (`masks.shared_features`), when
     config.relation_bias."""
     cfg, kind = self.config, self.kind
@@ -78,7 +79,7 @@ class Attention(nn.Module):
       weights_FxN = self.param("relation_bias", nn.initializers.zeros, (shared_FxBxTxS.shape[0], n), dt)
       bias = sum(weights_FxN[f].astype(jnp.float32)[None, :, None, None] * shared_FxBxTxS[f][:, None]
                  for f in range(shared_FxBxTxS.shape[0]))
-    if cfg.attention_impl == "pallas":
+    if cfg.attention_for(kind, "denoise" if write_at is None else "encode") == "pallas":
       from pallas_kernels import attention as attention_kernels  # optional GPU path
       out = attention_kernels.attention(q, keys, values, mask)
     else:

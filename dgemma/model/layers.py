@@ -198,6 +198,30 @@ def experts_dense(x_TxD: Array, weights_TxK: Array, experts_TxK: Array, gate_up_
   return einsum("tef,efd->td", h_TxExF, down_ExFxD)
 
 
+def experts_gather(x_TxD: Array, weights_TxK: Array, experts_TxK: Array, gate_up_ExDx2F: Array,
+                   down_ExFxD: Array, operand_dtype: str = "") -> Array:
+  """The same function as `experts_sorted`, reading only the routed experts: the weight stacks are indexed by the
+  T·k routed ids, then per-pair matrix-vector products. For decoding (T·k much smaller than E): the
+  grouped-matmul paths read every expert's weights (lax.ragged_dot lowers to a masked product over all groups), so
+  an AR step at batch 1 would read E/k times the expert bytes it needs. The gathered copies are T·k slices."""
+  if operand_dtype == "bfloat16":  # ModelConfig.matmul_dtype: bf16 operands, f32 accumulation
+    einsum = lambda spec, a, b: jnp.einsum(spec, a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
+                                           preferred_element_type=jnp.float32).astype(x_TxD.dtype)
+  else:
+    einsum = jnp.einsum
+  gate_up_TxKxDx2F = jnp.take(gate_up_ExDx2F, experts_TxK, axis=0)
+  down_TxKxFxD = jnp.take(down_ExFxD, experts_TxK, axis=0)
+  h_TxKxF = geglu_fused(einsum("td,tkdf->tkf", x_TxD, gate_up_TxKxDx2F))
+  h_TxKxF = h_TxKxF * weights_TxK[:, :, None].astype(h_TxKxF.dtype)
+  return einsum("tkf,tkfd->td", h_TxKxF, down_TxKxFxD)
+
+
+def use_gather(num_tokens: int, top_k: int, num_experts: int) -> bool:
+  """Whether the MoE takes `experts_gather` whatever ModelConfig.moe_impl says: when the routed (token, expert)
+  pairs are at most half the experts (AR decoding: batch·k), reading only those beats any path over all experts."""
+  return 2 * num_tokens * top_k <= num_experts
+
+
 class MoE(nn.Module):
   """The mixture-of-experts branch (spec §1.8). Expert input is pre-normed; routing uses the raw residual."""
   config: ModelConfig
@@ -216,7 +240,9 @@ class MoE(nn.Module):
     x_TxD = expert_in_BxTxD.reshape(-1, d)
     weights, experts = route(router_in_BxTxD.reshape(-1, d), router_w, router_scale, per_expert_scale,
                              cfg.top_k_experts, cfg.rms_norm_eps)
-    if cfg.moe_impl == "pallas":
+    if use_gather(x_TxD.shape[0], cfg.top_k_experts, e):
+      y = experts_gather(x_TxD, weights, experts, gate_up, down, cfg.matmul_dtype)
+    elif cfg.moe_impl == "pallas":
       from pallas_kernels import moe as moe_kernels  # imported lazily: optional GPU path
       y = moe_kernels.moe_experts(x_TxD, weights, experts, gate_up, down)
     elif cfg.moe_impl == "dense":

@@ -91,13 +91,14 @@ class DiffusionGemma(nn.Module):
   def _window(self, kind: str) -> int | None:
     return self.config.sliding_window if kind == LOCAL else None
 
-  def _mask_builders(self):
-    """(encoder, denoiser) mask builders: dense boolean masks for the XLA attention; for the Pallas kernel the
-    same masks in structured form (same arguments), which let it skip every key block they hide."""
-    if self.config.attention_impl == "pallas":
+  def _mask_builder(self, mode: str, kind: str):
+    """The mask builder of a mode ("encode" or "denoise") for layers of a kind: dense boolean masks for the XLA
+    attention; for the Pallas kernel the same masks in structured form (same arguments), which let it skip every
+    key block they hide (config.attention_for chooses per mode and kind)."""
+    if self.config.attention_for(kind, mode) == "pallas":
       from pallas_kernels.mask_spec import AttentionMask  # jax.numpy only: importing it pulls in no Pallas
-      return AttentionMask.causal, AttentionMask.denoiser
-    return masks.encoder_mask, masks.denoiser_mask
+      return AttentionMask.causal if mode == "encode" else AttentionMask.denoiser
+    return masks.encoder_mask if mode == "encode" else masks.denoiser_mask
 
   def encode(self, tokens_BxT: Int[Array, "B T"], cache: KVCache,
              token_valid_BxT: Bool[Array, "B T"] | None = None, compute_logits: bool = True):
@@ -107,8 +108,7 @@ class DiffusionGemma(nn.Module):
     start = cache.end
     positions = start[:, None] + jnp.arange(t)[None, :]
     valid = write_rows(cache.valid, token_valid_BxT, start)
-    encoder_mask, _ = self._mask_builders()
-    masks_by_kind = {k: encoder_mask(positions, valid, self._window(k)) for k in (LOCAL, GLOBAL)}
+    masks_by_kind = {k: self._mask_builder("encode", k)(positions, valid, self._window(k)) for k in (LOCAL, GLOBAL)}
     x = self.embedder.encode(tokens_BxT, positions)
     x, keys, values = self._layers(x, positions, masks_by_kind, cache, start, cache.slot_positions)
     new_cache = KVCache(keys=tuple(keys), values=tuple(values), valid=valid, end=start + t)
@@ -138,8 +138,8 @@ class DiffusionGemma(nn.Module):
       if self_conditioning_mask is not None:
         soft = soft * self_conditioning_mask[:, None, None].astype(soft.dtype)
     x = self.self_conditioning(x, soft)
-    _, denoiser_mask = self._mask_builders()
-    masks_by_kind = {k: denoiser_mask(cache.end, cache.valid, c, self._window(k)) for k in (LOCAL, GLOBAL)}
+    masks_by_kind = {k: self._mask_builder("denoise", k)(cache.end, cache.valid, c, self._window(k))
+                     for k in (LOCAL, GLOBAL)}
     x, _, _ = self._layers(x, positions, masks_by_kind, cache, None,
                            jnp.concatenate([cache.slot_positions, positions], axis=1))
     return self.embedder.decode(x)
