@@ -8,7 +8,11 @@ when a user means to change them (e.g. a learning rate for the rest of a run).
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import subprocess
+from importlib import metadata as package_metadata
 from typing import Any
 
 # Keys (flattened with '.') that may differ on resume. num_train_steps is checked separately: it may only
@@ -64,3 +68,21 @@ def check_resume(saved: dict, config: Any, workdir: str, step: int) -> None:
   if now["num_train_steps"] < step:
     raise ValueError(f"{workdir} is already at step {step}, past num_train_steps={now['num_train_steps']}: give at "
                      f"least {step} steps to continue it, or use a new workdir")
+
+
+@functools.cache
+def code_version() -> str:
+  """The code that trains: "git <commit>[+changes]" of the checkout dgemma runs from, else "dgemma <version>"."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  try:
+    commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    if commit.returncode == 0 and commit.stdout.strip():
+      dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True, timeout=10)
+      return f"git {commit.stdout.strip()}" + ("+changes" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+  except (OSError, subprocess.SubprocessError):  # no git on this machine
+    pass
+  try:
+    return f"dgemma {package_metadata.version('dgemma')}"
+  except package_metadata.PackageNotFoundError:
+    return "unknown"
