@@ -69,4 +69,7 @@ def for_checkpoint(config, metadata: dict, ckpt_path: str | None = None) -> Task
   name = name_of(metadata)
   if name is None:
     return None
+  if name not in _REGISTRY:  # (not "has no tokenizer": a task model is no language model)
+    raise ValueError(f"the checkpoint{' ' + ckpt_path if ckpt_path else ''} was trained on task {name!r}, which is "
+                     f"not registered here (registered tasks: {', '.join(names())}; docs/tasks.md)")
   return get(name).from_metadata(config, metadata["task"], ckpt_path)

@@ -154,6 +154,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
   train.train(c, str(tmp_path / "run"), stop_at_step=3)  # a good checkpoint at step 3
   c.optimizer.learning_rate = 1e30  # diverges on resume
   c.optimizer.warmup_steps = 1
+  c.allow_changes = "optimizer.learning_rate,optimizer.warmup_steps"  # (a resume refuses them otherwise)
   with pytest.raises(train.TrainingError, match="last good checkpoint is step 3"):
     train.train(c, str(tmp_path / "run"))
   assert checkpointing.Checkpointer(str(tmp_path / "run")).latest_step() == 3
@@ -165,6 +166,7 @@ def test_weights_that_overflowed_are_not_checkpointed(tmp_path):
   c = debug_config(tmp_path, num_train_steps=12)
   train.train(c, str(tmp_path / "run"), stop_at_step=3)  # a good checkpoint at step 3
   c.optimizer.learning_rate, c.optimizer.warmup_steps, c.checkpoint_every = 1e30, 1, 4  # step 4: finite loss
+  c.allow_changes = "optimizer.learning_rate,optimizer.warmup_steps"  # (a resume refuses them otherwise)
   message = (r"loss is nan at step 5, computed from the weights checkpointed at step 4; stopping. The last good "
              f"checkpoint is step 3: move {tmp_path / 'run' / 'checkpoints' / '4'} away to resume from it")
   with pytest.raises(train.TrainingError, match=message):
