@@ -187,6 +187,9 @@ def test_resume_refuses_another_model_and_a_damaged_checkpoint(tmp_path):
   train.train(c, str(run), stop_at_step=6)  # checkpoints at steps 3 and 6
   run_json = (run / "run.json").read_text()
   wider = debug_config(tmp_path, num_train_steps=12, **{"model.width": c.model.width * 2})
+  with pytest.raises(ValueError, match=r"holds a run with another config \(model.width: 32 -> 64\)"):
+    train.train(wider, str(run))
+  wider.allow_changes = "model.width"  # (the checkpoints' shapes cannot change, whatever the config allows)
   with pytest.raises(ValueError, match=r"holds checkpoints of another model \(config.model differs in .*width: 32 -> 64"):
     train.train(wider, str(run))
   assert (run / "run.json").read_text() == run_json  # still describes the checkpoints
