@@ -210,4 +210,6 @@ def load_inference(workdir: str, step: int | None = None,
       raise ValueError(f"{workdir} keeps no moving average with decay {ema_decay} (it keeps: {kept or 'none'})")
     trainable = debiased_average(state["ema"][kept.index(ema_decay)], trainable, state["step"], ema_decay)
   params = model_params(trainable, state.get("frozen"), config)
-  return config, jax.device_get(params), info.get("metadata", {})
+  metadata = dict(info.get("metadata", {}))  # (+ what the run was, as train.py's export records it)
+  metadata.update({k: info[v] for k, v in (("train_config", "config"), ("code_version", "code_version")) if v in info})
+  return config, jax.device_get(params), metadata

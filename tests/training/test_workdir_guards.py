@@ -153,6 +153,8 @@ def test_run_json_and_the_model_record_the_config_and_the_code(tmp_path):
   assert info["code_version"].startswith(("git ", "dgemma "))
   metadata = load_model(str(tmp_path / "run" / "model"))[2]
   assert metadata["train_config"] == info["config"] and metadata["code_version"] == info["code_version"]
+  metadata = checkpointing.load_inference(str(tmp_path / "run"))[2]  # what export_model.py writes from a workdir
+  assert metadata["train_config"] == info["config"] and metadata["code_version"] == info["code_version"]
 
 
 @pytest.fixture(scope="module")
