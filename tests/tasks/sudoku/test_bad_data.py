@@ -146,3 +146,11 @@ def test_training_on_a_csv_with_bad_rows(tmp_path):
                          f"--workdir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
   assert f"{path}: skipped 1 row that break the rules (data.skip_bad_rows); training on 4" in proc.stdout
+
+
+def test_sample_names_a_task_entry_it_cannot_read(tmp_path, capsys):
+  config = small_dense(64, width=16, num_layers=1, num_heads=2, canvas_length=4, stop_ids=(1,))
+  save_model(str(tmp_path / "ckpt"), config, model.init_params(config, jax.random.key(0)), {"task": "chess"})
+  rc, out, err = _main("sample.py", [f"--ckpt={tmp_path / 'ckpt'}", "--prompt=e4"], capsys)
+  assert rc == 1 and err.startswith(f"error: the checkpoint {tmp_path / 'ckpt'} records a task this dgemma cannot "
+                                    "read ('chess'; registered tasks: sudoku_digits, sudoku_text")
