@@ -20,6 +20,8 @@ from typing import Any
 MAY_CHANGE_ON_RESUME = (
     "num_train_steps", "log_every", "checkpoint_every", "keep_checkpoints", "allow_changes",
     "eval.every", "model.remat", "model.attention_impl", "model.moe_impl",
+    "mesh", "sharding_rules",  # (and every key under them: checkpoints restore onto any mesh or process count)
+    "data.cache_dir",  # where generated data is cached, not what it is
 )
 
 
@@ -50,9 +52,10 @@ def allowed_changes(config: Any) -> set[str]:
 def changed_keys(saved: dict, now: dict, allowed: set[str] = frozenset()) -> list[str]:
   """Flattened keys whose values differ between two JSON configs, less those that may change on resume."""
   before, after = flatten(saved), flatten(now)
-  free = set(MAY_CHANGE_ON_RESUME) | set(allowed)
+  free = set(MAY_CHANGE_ON_RESUME) | set(allowed)  # a key frees the keys under it too ("mesh": "mesh.data", ...)
   return sorted(k for k in set(before) | set(after)
-                if before.get(k, "<absent>") != after.get(k, "<absent>") and k not in free)
+                if before.get(k, "<absent>") != after.get(k, "<absent>")
+                and not any(k == f or k.startswith(f + ".") for f in free))
 
 
 def check_resume(saved: dict, config: Any, workdir: str, step: int) -> None:

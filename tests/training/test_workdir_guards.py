@@ -57,6 +57,14 @@ def test_same_run_resumes():
                           "w", 6)
 
 
+def test_mesh_and_sharding_may_change_on_resume():
+  """Checkpoints restore onto any mesh or process count (tests/sharding/test_multiprocess.py)."""
+  saved = run_config.to_json(_config(mesh=ml_collections.ConfigDict(dict(fsdp=2, expert=2))))
+  resumed = _config(mesh=ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1)),
+                    sharding_rules=(("batch", ("data", "fsdp")),))
+  run_config.check_resume(saved, resumed, "w", 6)
+
+
 @pytest.mark.parametrize("key,value", [("seed", 7), ("batch_size", 8), ("optimizer.learning_rate", 3e-3),
                                        ("model.width", 64)])
 def test_changed_setting_is_refused_naming_it(key, value):
