@@ -143,24 +143,36 @@ def _int_list(text: str, what: str) -> list[int]:
   return values
 
 
-def _prompts() -> list[str]:
+def _prompts() -> tuple[list[str], list[str]]:
+  """(prompts, where each comes from: "" for a flag, "FILE: line N: " for a line of --prompts_file)."""
   given = [n for n in ("prompt", "prompt_ids", "prompts_file") if FLAGS[n].value is not None]
   if len(given) != 1:
     raise ValueError("give exactly one of --prompt, --prompt_ids or --prompts_file")
   if FLAGS.prompt is not None:
-    return [FLAGS.prompt]
+    return [FLAGS.prompt], [""]
   if FLAGS.prompt_ids is not None:
     prompts = [p for p in FLAGS.prompt_ids.split(";") if p.strip()]
     if not prompts:
       raise ValueError("--prompt_ids has no prompts")
-    return prompts
+    return prompts, [f"--prompt_ids prompt {i}: " for i in range(1, len(prompts) + 1)]
   if not os.path.isfile(FLAGS.prompts_file):
     raise ValueError(f"prompts file {FLAGS.prompts_file} does not exist")
-  with open(FLAGS.prompts_file, encoding="utf-8") as f:
-    lines = [line.rstrip("\n") for line in f if line.strip()]
-  if not lines:
+  try:
+    with open(FLAGS.prompts_file, encoding="utf-8") as f:
+      numbered = [(n, line.rstrip("\n")) for n, line in enumerate(f, 1) if line.strip()]
+  except UnicodeDecodeError as e:
+    raise ValueError(f"prompts file {FLAGS.prompts_file} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+  if not numbered:
     raise ValueError(f"prompts file {FLAGS.prompts_file} has no prompts")
-  return lines
+  return [line for _, line in numbered], [f"{FLAGS.prompts_file}: line {n}: " for n, _ in numbered]
+
+
+def _parsed(task, prompt: str, where: str):
+  """The task's input for one prompt; a refusal names the prompt's line of --prompts_file."""
+  try:
+    return task.parse_prompt(prompt)
+  except ValueError as e:
+    raise ValueError(f"{where}{e}") from None
 
 
 def _sampler_config(metadata: dict | None = None):
@@ -205,7 +217,10 @@ def run() -> int:
   # Several processes (cluster launcher or flags): join JAX's multi-controller runtime before touching devices.
   sharding.maybe_initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   say = print if jax.process_index() == 0 else (lambda *a, **k: None)  # only process 0 talks
-  prompts = _prompts()
+  prompts, sources = _prompts()
+  for flag in ("show_steps_html", "show_steps_gif"):  # checked now: a bad path would fail only after the run
+    if FLAGS[flag].value:
+      cli.check_output_path(FLAGS[flag].value, f"--{flag}")
   if FLAGS.show_steps_gif:
     try:
       import PIL  # noqa: F401
@@ -230,7 +245,7 @@ def run() -> int:
     fixed = [f"--{n}" for n in task.fixed_sampler_flags if FLAGS[n].present]
     if fixed:
       raise ValueError(f"{', '.join(fixed)} cannot be set for a {task.title} checkpoint: the task sets them")
-    inputs = np.stack([task.parse_prompt(p) for p in prompts])
+    inputs = np.stack([_parsed(task, p, where) for p, where in zip(prompts, sources)])
     config, sampler = task.config, task.sampler(sampler)
     tokens, valid = task.encode(np.repeat(inputs, draws, axis=0))
   else:
@@ -238,7 +253,8 @@ def run() -> int:
       raise ValueError("--samples > 1 needs a task checkpoint: the choice between draws is the task's check of "
                        "an answer")
     if FLAGS.prompt_ids is not None:
-      rows = [_int_list(p, "--prompt_ids") for p in prompts]
+      rows = [_int_list(p, f"--prompt_ids prompt {i}" if len(prompts) > 1 else "--prompt_ids")
+              for i, p in enumerate(prompts, 1)]
     else:
       tokenizer = _tokenizer_for(FLAGS.ckpt)
       if tokenizer is None:

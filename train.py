@@ -28,8 +28,9 @@ from dgemma import checkpoints, cli, loading, model, sharding, tasks
 from dgemma.checkpoints.native import config_to_dict
 from dgemma.cpu import huge_pages
 from dgemma.diffusion.config import ObjectiveConfig
-from dgemma.training import checkpointing, logs, metrics as metrics_lib, optimizer, state as state_lib
+from dgemma.training import checkpointing, logs, metrics as metrics_lib, optimizer, run_config, state as state_lib
 from dgemma.training.config_utils import model_config, sampling_metadata
+from dgemma.training.workdir_lock import WorkdirBusy, WorkdirLock
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (configs/*.py[:args]).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, logs and the final model (default workdirs/<config>).")
@@ -99,7 +100,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   runs initialise `jax.distributed` first: `sharding.maybe_initialize_distributed`)."""
   lead = jax.process_index() == 0
   say = print if lead else (lambda *a, **k: None)
-  for key in ("checkpoint_every", "log_every", "keep_checkpoints"):  # (0 would divide by zero or keep nothing)
+  # (0 would divide by zero, keep nothing, or export the random initial weights as the final model)
+  for key in ("num_train_steps", "batch_size", "checkpoint_every", "log_every", "keep_checkpoints"):
     if isinstance(c[key], bool) or not isinstance(c[key], int) or c[key] < 1:
       raise ValueError(f"config.{key} must be a positive integer, got {c[key]!r}")
   objective_config = ObjectiveConfig.from_config(c.diffusion)  # a bad objective knob stops the run here
@@ -118,8 +120,16 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   ema_decays = tuple(float(d) for d in c.optimizer.get("ema_decays", ()))
   if ema_decays:  # which moving averages the checkpoints hold (checkpointing.load_inference reads it)
     task_metadata["ema_decays"] = list(ema_decays)
+  # What the run is, recorded in run.json and the exported model: the whole resolved config and the code.
+  train_config, code_version = run_config.to_json(c), run_config.code_version()
   saved = checkpointing.read_run_info(workdir)  # a run to resume: its checkpoints hold its averages
-  if saved is not None and os.listdir(os.path.join(workdir, "checkpoints")):
+  reached = checkpointing.finished_steps(workdir)
+  if saved is not None and reached:
+    if "config" in saved:  # the whole run's config (older run.json files hold the model only: checked below)
+      run_config.check_resume(saved["config"], c, workdir, max(reached))
+    elif c.num_train_steps < max(reached):
+      raise ValueError(f"{workdir} is already at step {max(reached)}, past num_train_steps={c.num_train_steps}: "
+                       f"give at least {max(reached)} steps to continue it, or use a new workdir")
     if list(saved["metadata"].get("ema_decays", [])) != list(ema_decays):
       raise ValueError(f"{workdir} was trained with optimizer.ema_decays="
                        f"{tuple(saved['metadata'].get('ema_decays', []))}, this config has {ema_decays}: resume "
@@ -164,7 +174,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
     data_iter.set_state(data_state)
     say(f"Resumed from step {start} ({ckpt.directory})", flush=True)
   if lead:  # (after the restore: a run that cannot resume leaves the workdir as it was)
-    checkpointing.write_run_info(workdir, config, task_metadata)
+    checkpointing.write_run_info(workdir, config, task_metadata, train_config, code_version)
   last_saved = start
   # --- Loop ---------------------------------------------------------------------------------------
   tokens_per_example = task.prompt_len + config.canvas_length
@@ -176,6 +186,12 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   # A checkpoint is known good once the loss computed from its weights (the next step's) is finite.
   good, unconfirmed = start, None
 
+  def fall_back(step: int) -> str:
+    """Where to resume from after a failure: checkpoint `step`, or none written yet (step 0)."""
+    return (f"The last good checkpoint is step {step} in {ckpt.directory}" if step else
+            "No checkpoint was written before it: the run has nothing to resume from (lower the learning rate, or "
+            "check the data)")
+
   def consume(step: int, device_metrics: dict) -> None:
     nonlocal last_scalars, good, unconfirmed
     host = jax.device_get(device_metrics)
@@ -184,8 +200,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
         raise TrainingError(f"loss is {host['loss']} at step {step}, computed from the weights checkpointed at step "
                             f"{unconfirmed}; stopping. The last good checkpoint is step {good}: move "
                             f"{os.path.join(ckpt.directory, str(unconfirmed))} away to resume from it")
-      raise TrainingError(f"loss is {host['loss']} at step {step}; stopping. The last good checkpoint is step "
-                          f"{last_saved} in {ckpt.directory}")
+      raise TrainingError(f"loss is {host['loss']} at step {step}; stopping. {fall_back(last_saved)}")
     if unconfirmed == step - 1:
       good, unconfirmed = unconfirmed, None
     logger.add(step, host)
@@ -221,7 +236,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
         pending = None
         if not bool(state_lib.all_finite(state)):  # nor one that the last update overflowed
           raise TrainingError(f"the weights or optimizer state after step {step + 1} are not finite (the loss "
-                              f"was); stopping. The last good checkpoint is step {good} in {ckpt.directory}")
+                              f"was); stopping. {fall_back(good)}")
         ckpt.save(step + 1, state, data_iter.get_state())
         last_saved = unconfirmed = step + 1
       if evaluator and ((step + 1) % c.eval.every == 0 or step + 1 == c.num_train_steps):
@@ -237,7 +252,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
     for suffix, trainable in weight_sets():
       final = sharding.to_host(state_lib.model_params(trainable, state.frozen, config))
       if lead:
-        checkpoints.save_model(os.path.join(workdir, f"model{suffix}"), config, final, task_metadata)
+        checkpoints.save_model(os.path.join(workdir, f"model{suffix}"), config, final,
+                               {**task_metadata, "train_config": train_config, "code_version": code_version})
         say(f"Saved the final model{' (moving average, decay ' + suffix[4:] + ')' if suffix else ''} to "
             f"{os.path.join(workdir, 'model' + suffix)}", flush=True)
   return last_scalars
@@ -249,29 +265,58 @@ def workdir_from_flags() -> str:
   return _WORKDIR.value or os.path.join("workdirs", name)
 
 
+def check_workdir(workdir: str) -> None:
+  """A workdir this run can write, or a one-line ValueError saying why not (before anything is written)."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ValueError(f"workdir {workdir} is a file, not a directory: choose another --workdir")
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    probe = os.path.join(workdir, f".write_test.{os.getpid()}")
+    with open(probe, "w"):
+      pass
+    os.remove(probe)
+  except OSError as e:
+    raise ValueError(f"workdir {workdir} cannot be written ({e.strerror or e}): choose another --workdir") from None
+
+
 def main(argv):
   del argv
   c = _CONFIG.value
   if c is None:
     raise app.UsageError("--config is required, e.g. --config=configs/<file>.py")
   workdir = workdir_from_flags()
+  lock = None
   try:
-    logs.log_to_workdir(workdir)  # library INFO logging to WORKDIR/train.log; the terminal keeps warnings
+    check_workdir(workdir)
     if sharding.maybe_initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value) \
         and jax.process_index() != 0:
       logging.set_verbosity(logging.WARNING)  # library INFO logs (orbax, jax) from process 0 only
+    if jax.process_index() == 0:  # one run per workdir (workdir_lock.py); held until this process ends
+      lock = WorkdirLock(workdir).acquire()
+    logs.log_to_workdir(workdir)  # library INFO logging to WORKDIR/train.log; the terminal keeps warnings
     train(c, workdir)
-  except (TrainingError, ValueError, FileNotFoundError) as e:
+  except (TrainingError, ValueError, FileNotFoundError, WorkdirBusy) as e:
     if os.environ.get("DGEMMA_TRACEBACK"):
       raise
     print(f"train.py: error: {e}", file=sys.stderr)
-    cli.exit(1)
+    cli.exit(1)  # (the kernel releases the lock with the process)
+  if lock is not None:
+    lock.release()
 
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl parsing, with config-file and `--config.key=value` mistakes reported in one line."""
   try:
-    return flags.FLAGS(argv)
+    rest = flags.FLAGS(argv)
+    config_file = flags.FLAGS["config"].config_filename.split(":")[0] if flags.FLAGS["config"].present else None
+    if config_file and not os.path.isfile(config_file):
+      sys.exit(f"{os.path.basename(argv[0])}: error: config file {config_file} does not exist")
+    if _CONFIG.value is not None:
+      _CONFIG.value.keys()  # (a config file that failed to load raises only when first read)
+    return rest
+  except OSError as e:  # ml_collections: the config file could not be loaded
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    sys.exit(f"{os.path.basename(argv[0])}: error: {lines[0]}" + (f": {lines[-1]}" if len(lines) > 1 else ""))
   except AttributeError as e:  # ml_collections: an override names a key the config does not have
     sys.exit(f"{os.path.basename(argv[0])}: error: unknown config key {str(e).strip(chr(34))} in a --config override")
   except (ValueError, TypeError, KeyError, flags.Error) as e:

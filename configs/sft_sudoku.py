@@ -44,6 +44,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.log_every = 1 if debug else 25
   c.checkpoint_every = 3 if debug else 500
   c.keep_checkpoints = 3
+  c.allow_changes = ""  # keys that may change on resume, e.g. "optimizer.learning_rate" (docs/training.md)
   c.init_from = ""  # an HF DiffusionGemma directory, one of our checkpoints, or a training workdir
 
   c.task = ml_collections.ConfigDict(dict(name="sudoku_digits"))  # dgemma/tasks registry key
@@ -65,6 +66,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       prompt_len=digits.PROMPT_CONTENT_LEN,
       num_train=200 if debug else 20_000, seed=0, min_clues=22, max_clues=36,
       csv="",  # train on a CSV (puzzle,solution or quizzes,solutions) instead of generated puzzles
+      skip_bad_rows=False,  # a CSV row that breaks the rules: False refuses the file, True skips the row
       cache_dir="~/.cache/dgemma/sudoku", augment=True,
       search_repeat=1,  # > 1: each puzzle that needs search appears that many times per epoch
       tokenizer=""))  # sudoku_text only: a tokenizer file/directory (default: the init_from directory)

@@ -38,6 +38,18 @@ def check_seed(seed: int, flag: str = "--seed") -> int:
   return seed
 
 
+def check_output_path(path: str, flag: str) -> str:
+  """`path`, or a one-line error if a file cannot be written there; checked before a run, not after it."""
+  directory = os.path.dirname(os.path.abspath(path))
+  if os.path.isdir(path):
+    raise ValueError(f"{flag}={path} is a directory, not a file")
+  if not os.path.isdir(directory):
+    raise ValueError(f"{flag}={path}: directory {directory} does not exist")
+  if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+    raise ValueError(f"{flag}={path} cannot be written (permission denied)")
+  return path
+
+
 def exit(code: int) -> None:  # noqa: A001 (the scripts' `sys.exit`)
   """Ends a script's process with `code`. After an error it skips the interpreter's clean-up: a checkpoint that
   failed to restore leaves orbax's remaining reads failing on background threads, which would otherwise print

@@ -47,12 +47,15 @@ flags.DEFINE_float("ar_temperature", 0.0, "Autoregressive baseline temperature (
 flags.DEFINE_integer("seed", 0, "Random seed.", **_D)
 flags.DEFINE_integer("samples", 1, "Samples per puzzle; the answer is the first that obeys the rules.", **_D)
 flags.DEFINE_string("json_out", None, "Also write the numbers to this JSON file.", **_D)
+flags.DEFINE_bool("skip_bad_rows", False, "Leave out the rows whose puzzle or solution breaks the rules (with a "
+                  "count) instead of refusing the file.", **_D)
 
 BUCKETS = ("easy", "medium", "hard")
 
 
-def load_data(path: str, limit: int = 0) -> dict:
-  """{"puzzle", "solution", "num_clues", "needs_search"} from a CSV or an npz."""
+def load_data(path: str, limit: int = 0, skip_bad_rows: bool = False) -> dict:
+  """{"puzzle", "solution", "num_clues", "needs_search"} from a CSV or an npz; every row is checked against the
+  rules (a bad one refuses the file in one line, or with `skip_bad_rows` is left out: "skipped" counts them)."""
   import numpy as np
 
   from dgemma.tasks.sudoku import puzzles as sudoku, formats as sudoku_formats
@@ -72,10 +75,25 @@ def load_data(path: str, limit: int = 0) -> dict:
         raise ValueError(f"{path}: {key!r} has shape {array.shape} but 'puzzle' has {len(data['puzzle'])} rows")
     if limit:
       data = {k: v[:limit] for k, v in data.items()}
+    for key in ("puzzle", "solution"):
+      values = np.asarray(data[key])
+      whole = np.issubdtype(values.dtype, np.integer) or (
+          np.issubdtype(values.dtype, np.floating) and bool(np.all(values == np.round(values))))  # (NaN is not)
+      if not whole:
+        raise ValueError(f"{path}: {key!r} must hold whole numbers 0-9, got dtype {values.dtype}")
+      if values.size and (values.min() < 0 or values.max() > 9):
+        row, cell = np.argwhere((values < 0) | (values > 9))[0]
+        raise ValueError(f"{path}: {key!r} row {row}: value {values[row, cell]} at cell {cell} is not a digit 0-9")
+      data[key] = values.astype(np.int8)
+    keep = sudoku_formats.check_rows(data["puzzle"], data["solution"],
+                                     [f"{path}: row {i}" for i in range(len(data["puzzle"]))], skip_bad_rows)
+    data = {k: v[keep] for k, v in data.items()}
+    skipped = int((~keep).sum())
     if "needs_search" not in data:
       data["needs_search"] = np.array([sudoku.solve_with_singles(p) is None for p in data["puzzle"]], bool)
   else:
-    data = sudoku_formats.read_csv(path, limit=limit or None)
+    data, skipped = sudoku_formats.read_checked_csv(path, limit=limit or None, skip_bad_rows=skip_bad_rows)
+  data["skipped"] = skipped
   data["num_clues"] = (np.asarray(data["puzzle"]) != 0).sum(1)
   if len(data["puzzle"]) == 0:
     raise ValueError(f"{path}: no puzzles")
@@ -213,7 +231,11 @@ def run() -> int:
   if not FLAGS.ar_temperature >= 0:
     raise ValueError(f"--ar_temperature must be >= 0, got {FLAGS.ar_temperature}")
   cli.check_seed(FLAGS.seed)
-  data = load_data(FLAGS.data, FLAGS.limit)
+  if FLAGS.json_out:
+    cli.check_output_path(FLAGS.json_out, "--json_out")
+  data = load_data(FLAGS.data, FLAGS.limit, FLAGS.skip_bad_rows)
+  if data["skipped"]:
+    print(f"{FLAGS.data}: skipped {data['skipped']} row(s) that break the rules; evaluating {len(data['puzzle'])}")
   from dgemma.loading import load_model
   if not os.path.exists(FLAGS.ckpt):
     raise ValueError(f"checkpoint {FLAGS.ckpt} does not exist")

@@ -83,6 +83,13 @@ class SamplerConfig:
       raise ValueError("restart_after > 0 needs adaptive_stopping: without a stop no attempt ever ends early")
     if isinstance(self.stability_threshold, bool) or self.stability_threshold < 0:
       raise ValueError(f"stability_threshold must be an integer >= 0, got {self.stability_threshold!r}")
+    for name in ("t_max", "t_min", "entropy_bound", "confidence_threshold"):  # the sampler computes in float32
+      value = getattr(self, name)
+      with np.errstate(over="ignore"):  # (1e39 becomes inf in float32: that is what is refused)
+        finite = not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating)) \
+            and bool(np.isfinite(np.float32(value)))
+      if not finite:
+        raise ValueError(f"{name} must be a finite float32 number (|x| < 3.4e38), got {value!r}")
     if not self.entropy_bound > 0:
       raise ValueError(f"entropy_bound must be > 0, got {self.entropy_bound!r}")
     if not self.confidence_threshold > 0:

@@ -67,6 +67,14 @@ def name_of(metadata: Any) -> str | None:
 def for_checkpoint(config, metadata: dict, ckpt_path: str | None = None) -> Task | None:
   """The task a checkpoint was trained on, from its metadata; None for a checkpoint without a task."""
   name = name_of(metadata)
+  where = f" {ckpt_path}" if ckpt_path else ""
   if name is None:
+    recorded = metadata.get("task") if isinstance(metadata, dict) else None
+    if recorded not in (None, "", {}):  # a task entry without a name: not a language model either
+      raise ValueError(f"the checkpoint{where} records a task this dgemma cannot read ({str(recorded)[:60]!r}; "
+                       f"registered tasks: {', '.join(names())})")
     return None
+  if name not in _REGISTRY:  # (not "has no tokenizer": a task model is no language model)
+    raise ValueError(f"the checkpoint{where} was trained on task {name!r}, which is "
+                     f"not registered here (registered tasks: {', '.join(names())}; docs/tasks.md)")
   return get(name).from_metadata(config, metadata["task"], ckpt_path)

@@ -1,7 +1,9 @@
 """Orbax checkpoints of a training run: train state + data-iterator state, async, atomic, keep-N.
 
 Layout of a workdir:
-    workdir/run.json          model config + task metadata (written once, read by sample.py / eval)
+    workdir/run.json          model config, task metadata, the whole training config and the code version
+                              (rewritten by each (re)start, read by sample.py / eval and by a resume's checks)
+    workdir/.lock             who holds the workdir (workdir_lock.py)
     workdir/checkpoints/<step>/{state,data}
     workdir/tb/               TensorBoard events
 Orbax writes each step into a temporary directory and renames it when complete, so a run killed mid-save
@@ -17,7 +19,7 @@ import inspect
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -54,13 +56,15 @@ class Checkpointer:
     abstract_state = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) if isinstance(x, jax.Array) else x,
         abstract_state)
+    def read(s: int):
+      return self._manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
+                                                             data=ocp.args.JsonRestore()))
     try:
-      out = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
-                                                                data=ocp.args.JsonRestore()))
+      out = read(step)
     except Exception as e:  # orbax / TensorStore fail in many ways on a damaged or mismatched checkpoint
       # (The caller should not close this checkpointer: its remaining reads are still failing, and closing would
       # print their tracebacks. The scripts end the process at once: cli.exit.)
-      raise unreadable(self.directory, step, e, self.all_steps()) from e
+      raise unreadable(self.directory, step, e, self.all_steps(), read) from e
     return out["state"], out["data"]
 
   def wait(self) -> None:
@@ -86,31 +90,76 @@ class CheckpointError(ValueError):
   """A checkpoint that cannot be read (one line: the step, the first line of the cause, what to do)."""
 
 
-def unreadable(directory: str, step: int, error: BaseException, steps: list[int]) -> CheckpointError:
-  """The error for a failed restore of `step` (with the step before it to fall back to), its leftovers quieted."""
+def unreadable(directory: str, step: int, error: BaseException, steps: list[int],
+               read: Callable[[int], Any] | None = None) -> CheckpointError:
+  """The error for a failed restore of `step`, its leftovers quieted. It names the newest older checkpoint that
+  `read` (a restore of one step) can read, or says that none can: every checkpoint is damaged."""
   _quiet_failed_reads()
   cause = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
   cause = cause.split(". See full TensorStore details")[0]  # (the rest is a multi-line spec dump)
   older = [s for s in steps if s < step]
-  remedy = f"move it away to resume from step {older[-1]}" if older else "no older checkpoint is left"
+  good = next((s for s in reversed(older) if read is None or _readable(read, s)), None)
+  if good is not None:
+    damaged = [s for s in older if s > good]
+    remedy = (f"move it{' and step ' + ', '.join(map(str, damaged)) if damaged else ''} away to resume from step "
+              f"{good}")
+  elif older:
+    remedy = (f"the older checkpoints (step {', '.join(map(str, older))}) cannot be read either: every checkpoint "
+              "of this workdir is damaged, start again in a new workdir")
+  else:
+    remedy = "no older checkpoint is left"
   return CheckpointError(f"checkpoint {os.path.join(directory, str(step))} cannot be read ({cause[:300]}); {remedy}")
 
 
-def write_run_info(workdir: str, config: ModelConfig, metadata: dict) -> None:
+def _readable(read: Callable[[int], Any], step: int) -> bool:
+  try:
+    read(step)
+  except Exception:  # (any failure: this checkpoint is no place to resume from)
+    return False
+  return True
+
+
+def write_run_info(workdir: str, config: ModelConfig, metadata: dict, train_config: dict | None = None,
+                   code_version: str | None = None) -> None:
   os.makedirs(workdir, exist_ok=True)
+  info = {"model": config_to_dict(config), "metadata": metadata}
+  if train_config is not None:
+    info["config"] = train_config
+  if code_version is not None:
+    info["code_version"] = code_version
   tmp = os.path.join(workdir, RUN_FILE + ".tmp")
   with open(tmp, "w") as f:
-    json.dump({"model": config_to_dict(config), "metadata": metadata}, f, indent=2)
+    json.dump(info, f, indent=2)
   os.replace(tmp, os.path.join(workdir, RUN_FILE))
 
 
+def _read_json(path: str) -> dict:
+  """A run.json, or a one-line ValueError naming it when it is not (e.g. half-written by a tool or a full disk)."""
+  try:
+    with open(path) as f:
+      info = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{path} is damaged (not valid JSON: {e}); restore it, or use a new workdir") from None
+  if not isinstance(info, dict) or "model" not in info:
+    raise ValueError(f"{path} is damaged (no \"model\" entry); restore it, or use a new workdir")
+  return info
+
+
+def finished_steps(workdir: str) -> list[int]:
+  """The steps of the finished checkpoints in workdir/checkpoints (orbax's temporary directories excluded)."""
+  directory = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
 def read_run_info(workdir: str) -> dict | None:
-  """{"model", "metadata"} of a workdir that has checkpoints/ and run.json; None otherwise (a new run)."""
+  """{"model", "metadata"[, "config", "code_version"]} of a workdir that has checkpoints/ and run.json; None
+  otherwise (a new run)."""
   run_file = os.path.join(workdir, RUN_FILE)
   if not (os.path.isdir(os.path.join(workdir, "checkpoints")) and os.path.exists(run_file)):
     return None
-  with open(run_file) as f:
-    return json.load(f)
+  return _read_json(run_file)
 
 
 def load_inference(workdir: str, step: int | None = None,
@@ -120,8 +169,7 @@ def load_inference(workdir: str, step: int | None = None,
   run_file = os.path.join(workdir, RUN_FILE)
   if not os.path.exists(run_file):
     raise FileNotFoundError(f"{workdir} has checkpoints/ but no {RUN_FILE}; is it a dgemma training workdir?")
-  with open(run_file) as f:
-    info = json.load(f)
+  info = _read_json(run_file)
   config = config_from_dict(info["model"])
   # Everything but the optimizer state, whose moments would double or triple the memory an export needs (orbax's
   # partial restore; an orbax without it restores the whole state, the same weights).
@@ -136,8 +184,9 @@ def load_inference(workdir: str, step: int | None = None,
     raise FileNotFoundError(f"{workdir}/checkpoints holds no finished checkpoint")
   # Onto this process's first device, whatever mesh wrote the checkpoint.
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  try:
-    metadata = manager.item_metadata(step)["state"]
+
+  def read(s: int) -> dict:
+    metadata = manager.item_metadata(s)["state"]
     tree = getattr(metadata, "tree", metadata)
     if partial:
       tree = {k: v for k, v in tree.items() if k != "opt_state"}
@@ -147,10 +196,12 @@ def load_inference(workdir: str, step: int | None = None,
                                     restore_args=jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=device), target))
     else:
       args = ocp.args.StandardRestore(target)
-    state = manager.restore(step, args=ocp.args.Composite(state=args))["state"]
+    return manager.restore(s, args=ocp.args.Composite(state=args))["state"]
+  try:
+    state = read(step)
   except Exception as e:  # orbax / TensorStore fail in many ways on a damaged checkpoint
     # (Not closed: its remaining reads are still failing, and closing would print their tracebacks.)
-    raise unreadable(str(manager.directory), step, e, sorted(manager.all_steps())) from e
+    raise unreadable(str(manager.directory), step, e, sorted(manager.all_steps()), read) from e
   manager.close()
   trainable = state["trainable"]
   if ema_decay is not None:
@@ -159,4 +210,6 @@ def load_inference(workdir: str, step: int | None = None,
       raise ValueError(f"{workdir} keeps no moving average with decay {ema_decay} (it keeps: {kept or 'none'})")
     trainable = debiased_average(state["ema"][kept.index(ema_decay)], trainable, state["step"], ema_decay)
   params = model_params(trainable, state.get("frozen"), config)
-  return config, jax.device_get(params), info.get("metadata", {})
+  metadata = dict(info.get("metadata", {}))  # (+ what the run was, as train.py's export records it)
+  metadata.update({k: info[v] for k, v in (("train_config", "config"), ("code_version", "code_version")) if v in info})
+  return config, jax.device_get(params), metadata

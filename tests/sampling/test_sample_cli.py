@@ -160,6 +160,10 @@ def test_matmul_dtype_runs_float32_weights_with_bf16_matmuls(ckpts, capsys, monk
      "error: a prompt of 3 tokens plus 64 canvas(es) of 4 tokens needs 259 tokens of context, more than "
      "max_cache_len=10"),
     (["--ckpt={bare}", "--prompt_ids=2,5,6", "--t_max=0.3"], "error: t_max must be > t_min"),
+    (["--ckpt={bare}", "--prompt_ids=2,5,6", "--t_max=1e39"],  # finite in Python, inf in float32
+     "error: t_max must be a finite float32 number (|x| < 3.4e38), got 1e+39"),
+    (["--ckpt={bare}", "--prompt_ids=2,5,6", "--confidence_threshold=1e39"],
+     "error: confidence_threshold must be a finite float32 number (|x| < 3.4e38), got 1e+39"),
     (["--ckpt={bare}", "--prompt_ids=2,5,6", "--steps=0"], "error: max_denoising_steps must be a positive"),
     (["--ckpt={bare}", "--prompt_ids=2,x"], "error: --prompt_ids must be comma-separated integers"),
     (["--ckpt={bare}", "--prompt_ids=2,99"], "error: prompt_tokens has token ids outside [0, 64)"),

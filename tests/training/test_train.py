@@ -154,6 +154,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
   train.train(c, str(tmp_path / "run"), stop_at_step=3)  # a good checkpoint at step 3
   c.optimizer.learning_rate = 1e30  # diverges on resume
   c.optimizer.warmup_steps = 1
+  c.allow_changes = "optimizer.learning_rate,optimizer.warmup_steps"  # (a resume refuses them otherwise)
   with pytest.raises(train.TrainingError, match="last good checkpoint is step 3"):
     train.train(c, str(tmp_path / "run"))
   assert checkpointing.Checkpointer(str(tmp_path / "run")).latest_step() == 3
@@ -165,6 +166,7 @@ def test_weights_that_overflowed_are_not_checkpointed(tmp_path):
   c = debug_config(tmp_path, num_train_steps=12)
   train.train(c, str(tmp_path / "run"), stop_at_step=3)  # a good checkpoint at step 3
   c.optimizer.learning_rate, c.optimizer.warmup_steps, c.checkpoint_every = 1e30, 1, 4  # step 4: finite loss
+  c.allow_changes = "optimizer.learning_rate,optimizer.warmup_steps"  # (a resume refuses them otherwise)
   message = (r"loss is nan at step 5, computed from the weights checkpointed at step 4; stopping. The last good "
              f"checkpoint is step 3: move {tmp_path / 'run' / 'checkpoints' / '4'} away to resume from it")
   with pytest.raises(train.TrainingError, match=message):
@@ -185,6 +187,9 @@ def test_resume_refuses_another_model_and_a_damaged_checkpoint(tmp_path):
   train.train(c, str(run), stop_at_step=6)  # checkpoints at steps 3 and 6
   run_json = (run / "run.json").read_text()
   wider = debug_config(tmp_path, num_train_steps=12, **{"model.width": c.model.width * 2})
+  with pytest.raises(ValueError, match=r"holds a run with another config \(model.width: 32 -> 64\)"):
+    train.train(wider, str(run))
+  wider.allow_changes = "model.width"  # (the checkpoints' shapes cannot change, whatever the config allows)
   with pytest.raises(ValueError, match=r"holds checkpoints of another model \(config.model differs in .*width: 32 -> 64"):
     train.train(wider, str(run))
   assert (run / "run.json").read_text() == run_json  # still describes the checkpoints

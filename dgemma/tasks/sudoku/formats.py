@@ -18,8 +18,9 @@ import os
 import numpy as np
 
 from dgemma.tasks.sudoku import puzzles as sudoku
+from dgemma.tasks.sudoku import rules
 
-__all__ = ["ACCEPTED_HEADERS", "read_csv", "write_csv"]
+__all__ = ["ACCEPTED_HEADERS", "read_csv", "read_checked_csv", "check_rows", "write_csv"]
 
 # (puzzle column, solution column) pairs, in order of preference.
 ACCEPTED_HEADERS: tuple[tuple[str, str], ...] = (("puzzle", "solution"), ("quizzes", "solutions"))
@@ -39,7 +40,7 @@ def _parse_row_field(text: str, path: str, line: int, column: str) -> np.ndarray
 def read_csv(
     path: str, limit: int | None = None, label_difficulty: bool = True
 ) -> dict[str, np.ndarray]:
-    """Reads a Kaggle-style Sudoku CSV.
+    """Reads a Kaggle-style Sudoku CSV, refusing it at the first row that breaks the rules.
 
     Returns ``{"puzzle": [n,81] int8, "solution": [n,81] int8,
     "num_clues": [n] int16, "needs_search": [n] bool}``. ``needs_search`` runs
@@ -47,6 +48,29 @@ def read_csv(
     ``label_difficulty=False`` it is skipped and the key is omitted.
     ``limit`` keeps only the first ``limit`` puzzles.
     """
+    return read_checked_csv(path, limit, label_difficulty)[0]
+
+
+def check_rows(puzzles: np.ndarray, solutions: np.ndarray, where: list[str],
+               skip_bad_rows: bool = False) -> np.ndarray:
+    """[n] bool: the (puzzle, solution) rows that keep the rules (`rules.solution_problem`). A bad row raises a
+    one-line ValueError "<where[i]>: <problem>", or with `skip_bad_rows` is left out of the mask."""
+    keep = np.ones(len(puzzles), bool)
+    for i, (puzzle, solution) in enumerate(zip(puzzles, solutions)):
+        problem = rules.solution_problem(puzzle, solution)
+        if problem is not None:
+            if not skip_bad_rows:
+                raise ValueError(f"{where[i]}: {problem} (skip such rows with skip_bad_rows)")
+            keep[i] = False
+    return keep
+
+
+def read_checked_csv(
+    path: str, limit: int | None = None, label_difficulty: bool = True, skip_bad_rows: bool = False
+) -> tuple[dict[str, np.ndarray], int]:
+    """(`read_csv`'s data, the number of rows skipped). Every row must hold clues that keep the rules and a
+    complete solution that keeps them and agrees with the clues: a bad row refuses the file in one line naming
+    its line, or with ``skip_bad_rows`` is left out and counted. ``limit`` counts the rows read."""
     if not os.path.isfile(path):
         raise ValueError(f"{path}: sudoku CSV file not found")
     with open(path, newline="") as f:
@@ -65,6 +89,7 @@ def read_csv(
 
         puzzles: list[np.ndarray] = []
         solutions: list[np.ndarray] = []
+        lines: list[str] = []
         for row in reader:
             if limit is not None and len(puzzles) >= limit:
                 break
@@ -78,9 +103,12 @@ def read_csv(
                 )
             puzzles.append(_parse_row_field(row[pi], path, line, puzzle_col))
             solutions.append(_parse_row_field(row[si], path, line, solution_col))
+            lines.append(f"{path}: line {line}")
 
     puzzle = np.array(puzzles, dtype=np.int8).reshape(-1, sudoku.NUM_CELLS)
     solution = np.array(solutions, dtype=np.int8).reshape(-1, sudoku.NUM_CELLS)
+    keep = check_rows(puzzle, solution, lines, skip_bad_rows)
+    puzzle, solution = puzzle[keep], solution[keep]
     data = {
         "puzzle": puzzle,
         "solution": solution,
@@ -90,7 +118,7 @@ def read_csv(
         data["needs_search"] = np.array(
             [sudoku.solve_with_singles(p) is None for p in puzzle], dtype=bool
         ).reshape(-1)
-    return data
+    return data, int((~keep).sum())
 
 
 def write_csv(path: str, data: dict[str, np.ndarray]) -> None:

@@ -15,8 +15,12 @@ from dgemma.tasks.sudoku import puzzles as sudoku
 
 def parse_puzzle(text: str) -> np.ndarray:
   """An 81-digit puzzle string ('0' or '.' for blanks; spaces, newlines, '|' and ',' ignored) -> [81] int8."""
+  for position, ch in enumerate(text, 1):
+    if not (ch.isspace() or ch in "|,." or ("0" <= ch <= "9")):
+      raise ValueError(f"a Sudoku puzzle must be 81 digits (0 or . for blanks): character {ch!r} at position "
+                       f"{position} is not one")
   cleaned = "".join(ch for ch in text if not ch.isspace() and ch not in "|,").replace(".", "0")
-  if len(cleaned) != sudoku.NUM_CELLS or not cleaned.isdigit() or not cleaned.isascii():
+  if len(cleaned) != sudoku.NUM_CELLS:
     shown = cleaned if len(cleaned) <= 24 else cleaned[:24] + "..."
     raise ValueError(f"a Sudoku puzzle must be 81 digits (0 or . for blanks), got {len(cleaned)} characters "
                      f"{shown!r}")

@@ -16,6 +16,7 @@ import os
 import re
 from typing import Any
 
+import jax
 import ml_collections
 import numpy as np
 
@@ -23,7 +24,7 @@ from dgemma.config import ModelConfig
 from dgemma.data.tokenizer import Tokenizer, load_tokenizer
 from dgemma.tasks.base import TaskBase
 from dgemma.tasks.sudoku import digits as sudoku_task
-from dgemma.tasks.sudoku import display, evaluation, formats
+from dgemma.tasks.sudoku import display, evaluation, formats, rules
 from dgemma.tasks.sudoku import puzzles as sudoku
 from dgemma.tasks.sudoku import text as sudoku_text
 from dgemma.tasks.sudoku.solving import (SudokuResult, ar_config, check_puzzles, parse_puzzle, solve,  # noqa: F401
@@ -44,7 +45,12 @@ class SudokuTask(TaskBase):
     """The training set: c.data.csv, else generated from c.data.seed; oversampled by c.data.search_repeat."""
     d = c.data
     if d.csv:
-      data = formats.read_csv(os.path.expanduser(d.csv))
+      data, skipped = formats.read_checked_csv(os.path.expanduser(d.csv), skip_bad_rows=d.get("skip_bad_rows", False))
+      if skipped and jax.process_index() == 0:
+        print(f"{d.csv}: skipped {skipped} row{'s' if skipped > 1 else ''} that break the rules "
+              f"(data.skip_bad_rows); training on {len(data['puzzle'])}", flush=True)
+      if not len(data["puzzle"]):
+        raise ValueError(f"{d.csv}: no puzzles to train on")
     else:
       # Generation is pure Python, so a large set uses every core; a small one is not worth the workers'
       # start-up. The puzzles do not depend on the number of workers.
@@ -63,7 +69,15 @@ class SudokuTask(TaskBase):
 
   # --- Sampling -----------------------------------------------------------------------------------
   def parse_prompt(self, text: str) -> np.ndarray:
-    return parse_puzzle(text)
+    """An 81-digit puzzle whose clues keep the rules and that has a solution (refused in one line otherwise:
+    sampling it would only show the model failing)."""
+    puzzle = parse_puzzle(text)
+    broken = rules.rule_violation(puzzle)
+    if broken:
+      raise ValueError(f"the puzzle breaks the rules: {broken}")
+    if not sudoku.solve(puzzle, max_solutions=1):
+      raise ValueError("the puzzle has no solution")
+    return puzzle
 
   def prompts(self, puzzles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """([B, prompt_len] tokens, [B, prompt_len] valid) for [B, 81] digit puzzles, exactly as in training."""

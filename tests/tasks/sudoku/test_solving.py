@@ -341,7 +341,8 @@ def test_eval_script_errors(ckpt, tmp_path, capsys):
                          "--max_steps=2", *extra])
     captured = capsys.readouterr()
     assert rc == 1 and captured.err == f"error: {message}\n" and "block diffusion" not in captured.out
-  np.savez(tmp_path / "fine.npz", puzzle=grids, solution=grids, note=np.int32(7))
+  solved = np.stack([sudoku.solve(grids[0])[0]] * 3)  # (a solution must be complete: load_data checks every row)
+  np.savez(tmp_path / "fine.npz", puzzle=grids, solution=solved, note=np.int32(7))
   assert len(evaluator.load_data(str(tmp_path / "fine.npz"), limit=2)["puzzle"]) == 2
 
 
