@@ -2,8 +2,8 @@
 turn-marker ids, never the markers' text split into plain pieces.
 
 - "gemma3": Gemma 3's official template: `<bos><start_of_turn>user\n{content}<end_of_turn>\n<start_of_turn>model\n`;
-  assistant turns are role "model"; contents are stripped (`| trim`); a system message is prepended to the
-  first user turn followed by a blank line. The response ends with `<end_of_turn>`.
+  assistant turns are role "model"; contents are stripped (`| trim`); a system message (as given) and a blank
+  line are prepended to the first user turn's. The response ends with `<end_of_turn>`.
 - "gemma4": the turn format of spec §8: `<bos><|turn>user\n{content}<turn|>\n<|turn>model\n`; a system message
   is its own `<|turn>system\n...<turn|>\n` turn. The response ends with `<turn|>`. (The official Jinja
   template was not seen: contents are used as given.)
@@ -78,7 +78,7 @@ def _segments(template: str, turns: tuple[Turn, ...], generation_prompt: bool) -
   prefix = ""
   if turns[0].role == "system":
     if template == "gemma3":
-      prefix = turns[0].content.strip() + "\n\n"
+      prefix = turns[0].content + "\n\n"  # (not trimmed, as in the official template)
     else:
       out += [(start,), "system\n" + turns[0].content, (end,), "\n"]
     turns = turns[1:]
