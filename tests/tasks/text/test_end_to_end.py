@@ -2,7 +2,10 @@
 and objective=ar), then sample.py on the exported model prints text with no further flags."""
 
 import json
+import pathlib
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -12,6 +15,8 @@ from configs import text as text_config
 from dgemma import tasks
 from dgemma.loading import load_model
 from tests.script_loader import load_script
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 ROWS = [{"prompt": f"Say {w}.", "response": f"{w} {w}."} for w in ("hi", "yes", "no", "blue", "red", "one")] + [
     {"messages": [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hello to you too."}]}]
@@ -66,3 +71,14 @@ def test_config_arguments_are_checked():
     text_config.get_config("size=huge")
   with pytest.raises(ValueError, match="unknown objective 'mdlm'"):
     text_config.get_config("objective=mdlm")
+
+
+def test_a_malformed_line_stops_train_py_with_one_line(tmp_path):
+  path = tmp_path / "bad.jsonl"
+  path.write_text(json.dumps(ROWS[0]) + "\n" + '{"prompt": "p", "answer": "a"}\n')
+  run = subprocess.run([sys.executable, "train.py", f"--config=configs/text.py:data={path},size=debug",
+                        f"--workdir={tmp_path / 'run'}"], capture_output=True, text=True,
+                       cwd=str(ROOT))
+  assert run.returncode == 1
+  assert run.stderr.strip().splitlines()[-1] == (
+      f"train.py: error: {path}:2: no string field 'response' (and no 'messages' list); keys: answer, prompt")

@@ -137,3 +137,17 @@ def test_layout_knobs_are_checked(tmp_path):
     c = config_for(tmp_path / "d.jsonl")
     task_for(c).train_dataset(c, 1, 2, 3, False)
   assert pipeline.Layout(2, 1, 1, 0, 1, (1,)).prompt_len == 2
+
+
+def test_plain_text_windows_become_prompt_and_continuation(tmp_path):
+  (tmp_path / "docs").mkdir()
+  text = "The quick brown fox jumps over the lazy dog. " * 2 + "0123456789"  # 100 bytes
+  (tmp_path / "docs" / "a.txt").write_text(text)
+  c = config_for(tmp_path / "docs", prefix_tokens=10)  # windows of 10 + 2 * 16 bytes: 3 of them
+  batch = next(iter(task_for(c).train_dataset(c, 3, 0, 1, False)))  # one epoch
+  got = sorted((TOK.decode(p[p != 0]), TOK.decode(cv), m.sum()) for p, cv, m in
+               zip(batch["prompt"], batch["canvas"], batch["canvas_mask"]))
+  # Two full windows fill both canvases (the document goes on: no EOS); the last one's 6 bytes end the
+  # document: EOS to the end of its canvas, then a PAD canvas outside the mask.
+  assert got == sorted([("<bos>" + text[0:10], text[10:42], 32), ("<bos>" + text[42:52], text[52:84], 32),
+                        ("<bos>" + text[84:94], text[94:100] + "<eos>" * 10 + "<pad>" * 16, 16)])
