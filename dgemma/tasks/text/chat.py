@@ -94,7 +94,10 @@ def _segments(template: str, turns: tuple[Turn, ...], generation_prompt: bool) -
 def _encode(segments: list, tokenizer: Tokenizer) -> list[int]:
   ids: list[int] = []
   for seg in segments:
-    ids += [tokenizer.id_of(seg[0])] if isinstance(seg, tuple) else (tokenizer.encode(seg, add_bos=False) if seg else [])
+    if isinstance(seg, tuple):  # a marker: its own id
+      ids.append(tokenizer.id_of(seg[0]))
+    elif seg:
+      ids += tokenizer.encode(seg, add_bos=False)
   return ids
 
 

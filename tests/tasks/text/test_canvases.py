@@ -41,7 +41,10 @@ def test_canvas_rows_match_brute_force(c, n):
 
 
 def test_canvas_examples():
-  rows = lambda r: [x.tolist() if hasattr(x, "tolist") else x for x in canvases.canvas_rows(r, 3, 3, EOS, PAD, (STOP,))]  # noqa: E731
+  def rows(response):
+    canvas, mask, cut = canvases.canvas_rows(response, 3, 3, EOS, PAD, (STOP,))
+    return [canvas.tolist(), mask.astype(int).tolist(), cut]
+
   assert rows([7, 8]) == [[7, 8, 1, 0, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0, 0], False]
   assert rows([7, 8, 8]) == [[7, 8, 8, 1, 1, 1, 0, 0, 0], [1] * 6 + [0] * 3, False]  # its EOS: a second canvas
   assert rows([7, 8, STOP]) == [[7, 8, STOP, 0, 0, 0, 0, 0, 0], [1] * 3 + [0] * 6, False]  # ends with a stop
