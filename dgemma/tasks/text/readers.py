@@ -100,11 +100,15 @@ class Records:
 def read_jsonl(paths: Sequence[str], fields: Fields, on_malformed: str) -> Records:
   items, places, skipped = [], [], 0
   for path in paths:
-    with open(path, encoding="utf-8", errors="strict") as f:
-      for number, line in enumerate(f, 1):
-        if not line.strip():
+    with open(path, "rb") as f:
+      for number, raw in enumerate(f, 1):
+        if not raw.strip():
           continue  # blank lines (a trailing newline) are no records
         try:
+          try:
+            line = raw.decode("utf-8")
+          except UnicodeDecodeError as e:
+            raise MalformedRecord(f"not UTF-8 ({e.reason} at byte {e.start})") from None
           items.append(parse_json(line, fields))
           places.append(f"{path}:{number}")
         except MalformedRecord as e:

@@ -50,6 +50,13 @@ def test_train_then_sample_prints_text(data, tmp_path, capsys):
   assert rc == 0 and lines[0] == "=== prompt 1/1"
   # The answer is text (decoded bytes, a 3-step model's), then the sampler's summary lines.
   assert not re.fullmatch(r"[\d,]*", lines[1]) and lines[-2].startswith("--- 1 prompt(s) · canvas 16 ·")
+  assert "/2 canvas(es)" in lines[-2]  # as many canvases as training allowed
+  sample = load_script("sample.py")
+  model = f"--ckpt={tmp_path / 'run' / 'model'}"
+  assert sample.main(["sample.py", model, "--prompt=Say hi.", "--steps=2", "--max_new_tokens=16"]) == 0
+  assert "· 1/1 canvas(es) ·" in capsys.readouterr().out  # or fewer
+  assert sample.main(["sample.py", model, "--prompt=Say hi.", "--canvas_length=8"]) != 0
+  assert "--canvas_length cannot be set for a text checkpoint: the task sets them" in capsys.readouterr().err
 
 
 def test_ar_variant_trains_the_same_backbone_causally(data, tmp_path):

@@ -63,6 +63,13 @@ def test_a_malformed_line_is_one_error_naming_file_and_line(tmp_path, line, mess
   assert len(records) == 1 and records.skipped == 1
 
 
+def test_a_line_that_is_not_utf8_is_named(tmp_path):
+  path = tmp_path / "d.jsonl"
+  path.write_bytes(b'{"prompt": "p", "response": "r"}\n{"prompt": "\xff", "response": "r"}\n')
+  with pytest.raises(readers.MalformedRecord, match=rf"^{path}:2: not UTF-8 \(invalid start byte at byte 12\)$"):
+    read(path)
+
+
 def test_plain_text_windows(tmp_path):
   (tmp_path / "docs").mkdir()
   (tmp_path / "docs" / "b.txt").write_text("0123456789abcdefghij")  # 20 bytes: windows of 4 + 6
