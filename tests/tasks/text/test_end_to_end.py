@@ -66,6 +66,19 @@ def test_ar_variant_trains_the_same_backbone_causally(data, tmp_path):
   assert np.isfinite(out["loss"]) and out["loss"] == pytest.approx(out["ar_loss"])
 
 
+def test_a_killed_text_run_resumes_bit_identically(data, tmp_path):
+  """The text stream's state goes through the training checkpoint: stopped after 4 steps (checkpoint at 3)
+  and resumed, the run ends with the weights of one that was never stopped."""
+  import jax
+  c = text_config.get_config(f"data={data},size=debug")
+  c.num_train_steps, c.checkpoint_every = 6, 3
+  train.train(c, str(tmp_path / "straight"))
+  train.train(c, str(tmp_path / "resumed"), stop_at_step=4)
+  train.train(c, str(tmp_path / "resumed"))
+  a, b = (load_model(str(tmp_path / run / "model"))[1] for run in ("straight", "resumed"))
+  assert jax.tree.all(jax.tree.map(lambda x, y: bool(np.array_equal(x, y)), a, b))
+
+
 def test_decode_stops_at_the_first_stop_id(data):
   c = text_config.get_config(f"data={data},size=debug")
   task = tasks.for_config(c, train.build_model(c)[0])
