@@ -53,7 +53,9 @@ class Turn:
   content: str
 
 
-def _check(turns: tuple[Turn, ...], need_response: bool) -> None:
+def check(turns: tuple[Turn, ...], need_response: bool) -> None:
+  """ChatError unless the roles are known and in order (an optional first system message, then user/assistant
+  alternating from user) and the conversation ends as asked (an assistant turn, or a user turn for a prompt)."""
   if not turns:
     raise ChatError("the conversation is empty")
   for i, turn in enumerate(turns):
@@ -103,7 +105,7 @@ def _encode(segments: list, tokenizer: Tokenizer) -> list[int]:
 
 def encode_prompt(template: str, turns: tuple[Turn, ...], tokenizer: Tokenizer) -> list[int]:
   """BOS + the conversation (ending with a user turn) + the generation prompt."""
-  _check(turns, need_response=False)
+  check(turns, need_response=False)
   if template == "none":
     if len(turns) != 1:
       raise ChatError("chat_template='none' takes one user turn (a system message or several turns need a template)")
@@ -114,7 +116,7 @@ def encode_prompt(template: str, turns: tuple[Turn, ...], tokenizer: Tokenizer) 
 def encode_example(template: str, turns: tuple[Turn, ...], tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
   """(prompt ids, response ids): everything before the last assistant turn as the prompt (with the generation
   prompt), that turn's content as the response, ended by the template's end-of-turn marker."""
-  _check(turns, need_response=True)
+  check(turns, need_response=True)
   prompt = encode_prompt(template, turns[:-1], tokenizer)
   content = turns[-1].content
   if template == "none":

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dgemma.data.tokenizer import Tokenizer
+from dgemma.tasks.text import chat
 from dgemma.tasks.text.chat import Turn
 
 FORMATS = ("auto", "jsonl", "array_record", "text")
@@ -69,6 +70,10 @@ def parse_object(obj: Any, fields: Fields) -> tuple[Turn, ...]:
     turns = tuple(Turn(m["role"], m["content"]) for m in messages)
     if not turns or turns[-1].role not in ("assistant", "model"):
       raise MalformedRecord(f"the last of the {fields.messages!r} must be an assistant turn (the response)")
+    try:
+      chat.check(turns, need_response=True)
+    except chat.ChatError as e:
+      raise MalformedRecord(str(e)) from None
     return turns
   missing = [f for f in (fields.prompt, fields.response) if not isinstance(obj.get(f), str)]
   if missing:

@@ -44,6 +44,9 @@ class TextTask(TaskBase):
   name = "text"
   fixed_sampler_flags = ("canvas_length", "stop_ids")  # --max_new_tokens may ask for fewer canvases
 
+  def __post_init__(self):
+    self.layout  # noqa: B018  (validates the lengths and the overflow mode now, not at the first batch)
+
   @property
   def metadata(self) -> dict[str, Any]:
     return {**super().metadata, "tokenizer": self.tokenizer_spec, "chat_template": self.chat_template,
@@ -65,10 +68,8 @@ class TextTask(TaskBase):
     end = chat.end_of_turn_id(template, tokenizer)
     config = config.replace(pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id, bos_id=tokenizer.bos_id,
                             stop_ids=(tokenizer.eos_id,) + (() if end is None else (end,)))
-    task = cls(int(metadata.get("prompt_len", 256)), config, tokenizer, spec, template,
+    return cls(int(metadata.get("prompt_len", 256)), config, tokenizer, spec, template,
                int(metadata.get("max_canvases", 1)), metadata.get("prompt_overflow", "truncate"))
-    task.layout  # noqa: B018  (validates the lengths and the overflow mode)
-    return task
 
   @classmethod
   def from_config(cls, c: ml_collections.ConfigDict, config: ModelConfig) -> "TextTask":

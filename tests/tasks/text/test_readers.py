@@ -53,6 +53,10 @@ def test_jsonl_field_names_are_configurable(tmp_path):
     ('{"prompt": "p", "response": 3}', r"no string field 'response'"),
     ('{"messages": [{"role": "user", "content": "u"}]}', r"the last of the 'messages' must be an assistant turn"),
     ('{"messages": [{"role": "user"}]}', r"'messages' must be a list of"),
+    ('{"messages": [{"role": "user", "content": "u"}, {"role": "user", "content": "v"}, '
+     '{"role": "assistant", "content": "a"}]}', r"roles must alternate user/assistant, starting with user"),
+    ('{"messages": [{"role": "user", "content": "u"}, {"role": "bot", "content": "a"}]}',
+     r"the last of the 'messages' must be an assistant turn"),
 ])
 def test_a_malformed_line_is_one_error_naming_file_and_line(tmp_path, line, message):
   path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "p", "response": "r"}, line])
