@@ -15,6 +15,7 @@ from dgemma.tasks.base import Evaluator, Task
 _REGISTRY: dict[str, Any] = {
     "sudoku_digits": "dgemma.tasks.sudoku.task:DigitsTask",
     "sudoku_text": "dgemma.tasks.sudoku.task:TextTask",
+    "text": "dgemma.tasks.text.task:TextTask",
 }
 
 __all__ = ["Task", "Evaluator", "register", "names", "get", "for_config", "for_checkpoint", "name_of"]

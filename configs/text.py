@@ -1,0 +1,84 @@
+"""Text from your own data: the front door. Formats, knobs and what is not built yet: docs/text.md.
+
+COMMAND:
+    python train.py --config=configs/text.py:data=PATH.jsonl                      # small byte-level model, CPU
+    python train.py --config=configs/text.py:data=PATH.jsonl,objective=ar         # the same backbone, causal
+    python train.py --config=configs/text.py:data=DIR,size=debug --workdir=/tmp/t # seconds, for tests
+    python sample.py --ckpt=WORKDIR/model --prompt="..."                          # prints the generated text
+
+`data` is a JSONL file (prompt/response or chat `messages`), an ArrayRecord file, or a plain-text file or
+directory. From scratch the tokenizer is the fixed byte vocabulary (272 ids; dgemma/tasks/text/byte_tokenizer.py)
+with Gemma 3's turn markers; set data.tokenizer to a tokenizer file or checkpoint to use a real one.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from dgemma import sharding
+from dgemma.tasks.text import byte_tokenizer
+from dgemma.training.config_utils import parse_arg
+
+SIZES = {  # width, layers, heads, batch, steps, prompt_len, canvas_length, max_canvases
+    "debug": (32, 2, 2, 4, 3, 32, 16, 2),
+    "small": (128, 4, 4, 16, 2000, 128, 64, 4),
+}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  args = parse_arg(arg, data="", size="small", objective="diffusion")
+  if args.size not in SIZES:
+    raise ValueError(f"unknown size {args.size!r}; choose from {sorted(SIZES)}")
+  if args.objective not in ("diffusion", "ar"):
+    raise ValueError(f"unknown objective {args.objective!r}; choose 'diffusion' or 'ar'")
+  width, layers, heads, batch, steps, prompt_len, canvas_length, max_canvases = SIZES[args.size]
+  debug = args.size == "debug"
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.num_train_steps = steps
+  c.batch_size = batch
+  c.log_every = 1 if debug else 25
+  c.checkpoint_every = 3 if debug else 500
+  c.keep_checkpoints = 3
+  c.init_from = ""
+
+  c.task = ml_collections.ConfigDict(dict(name="text"))  # dgemma/tasks/text
+
+  c.model_preset = "small_dense"  # RoPE positions: any length of text
+  c.model = ml_collections.ConfigDict(dict(
+      vocab_size=byte_tokenizer.VOCAB_SIZE, width=width, num_layers=layers, num_heads=heads, mlp_hidden=4 * width,
+      canvas_length=canvas_length, stop_ids=(1, byte_tokenizer.SPECIAL["<end_of_turn>"]), remat=False))
+
+  c.data = ml_collections.ConfigDict(dict(
+      path=args.data,
+      format="auto",  # jsonl, array_record or text; auto: from the path (a directory is text)
+      tokenizer="",  # "bytes", a tokenizer file or checkpoint directory; "": init_from's, else bytes
+      chat_template="auto",  # none, gemma3, gemma4; auto: the one whose turn markers the vocabulary has
+      prompt_field="prompt", response_field="response", messages_field="messages",
+      prompt_len=prompt_len,  # prompt tokens, BOS included
+      prompt_overflow="truncate",  # a longer prompt: truncate (from the left, BOS kept), error, or skip
+      max_canvases=max_canvases,  # a response longer than max_canvases * canvas_length tokens is cut
+      on_malformed="error",  # error: stop with FILE:LINE; skip: drop it and count it in the log
+      prefix_tokens=prompt_len // 2,  # plain text: the prompt part of each window (after BOS)
+      document_separator=""))  # plain text: split files into documents at this string ("": a file is one)
+
+  c.diffusion = ml_collections.ConfigDict(dict(
+      schedule="linear", t_eps=1e-4, loss="flat_ce", num_noise_bins=10, diffusion_loss_weight=1.0,
+      t_tilt=0.0, t_tilt_steps=0, noise_draws=1, self_cond_prob=0.5, ar_loss_weight=0.0, self_cond_passes=1,
+      ar_targets="all", ordered_noise_prob=0.0))
+  if args.objective == "ar":  # same backbone and data, causal, left to right, loss on the response only
+    c.diffusion.update(dict(diffusion_loss_weight=0.0, ar_loss_weight=1.0, ar_targets="canvas", self_cond_prob=0.0))
+
+  c.eval = ml_collections.ConfigDict(dict(every=0))  # held-out likelihood: not built yet (docs/text.md)
+  c.sampler = ml_collections.ConfigDict()  # the released model's sampler defaults
+
+  c.optimizer = ml_collections.ConfigDict(dict(
+      name="adam", muon_lr_multiplier=1.0,
+      learning_rate=1e-3, end_learning_rate=1e-4, warmup_steps=1 if debug else 100, decay_steps=steps,
+      b1=0.9, b2=0.99, eps=1e-8, weight_decay=1e-4, grad_clip_norm=1.0, master_dtype="float32", ema_decays=(),
+      lr_multipliers=ml_collections.ConfigDict()))
+  c.lora_rank = 0
+
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
+  c.sharding_rules = sharding.DEFAULT_RULES
+  return c
