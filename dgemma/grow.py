@@ -4,7 +4,7 @@ Every new layer is a copy of the layer it follows (same type, same attention and
 norms are zeroed and whose layer scalar is one: its block adds nothing to the residual stream, so the grown
 model's logits equal the original's until training moves those scales. The new layers begin from trained
 weights rather than from noise, in the spirit of block expansion (LLaMA Pro), and a small model that has stopped
-improving (docs/sudoku.md) can be given more depth without starting over.
+improving can be given more depth without starting over.
 """
 
 from __future__ import annotations
