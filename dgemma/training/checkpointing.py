@@ -13,6 +13,7 @@ count. The data-iterator state is the primary process's (all processes are at th
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import os
@@ -23,7 +24,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from dgemma.checkpoints.native import config_from_dict, config_to_dict
+from dgemma.checkpoints.native import config_and_metadata, config_to_dict, upgrade_config_dict
 from dgemma.config import ModelConfig
 from dgemma.training.state import debiased_average, model_params
 
@@ -104,6 +105,17 @@ def write_run_info(workdir: str, config: ModelConfig, metadata: dict) -> None:
   os.replace(tmp, os.path.join(workdir, RUN_FILE))
 
 
+def model_fingerprint(model: dict, metadata: dict) -> dict:
+  """A model config dict (as JSON reads it back; older formats upgraded) with its position-feature table as a short
+  digest under "position_features": what must not change when a run resumes (train.py compares them)."""
+  model, legacy_table = upgrade_config_dict(model)
+  table = metadata.get("position_features", legacy_table)
+  if table:
+    digest = hashlib.sha256(json.dumps(table).encode()).hexdigest()[:12]
+    model["position_features"] = f"{len(table)}x{len(table[0])} table {digest}"
+  return model
+
+
 def read_run_info(workdir: str) -> dict | None:
   """{"model", "metadata"} of a workdir that has checkpoints/ and run.json; None otherwise (a new run)."""
   run_file = os.path.join(workdir, RUN_FILE)
@@ -122,7 +134,7 @@ def load_inference(workdir: str, step: int | None = None,
     raise FileNotFoundError(f"{workdir} has checkpoints/ but no {RUN_FILE}; is it a dgemma training workdir?")
   with open(run_file) as f:
     info = json.load(f)
-  config = config_from_dict(info["model"])
+  config, metadata = config_and_metadata(info)  # (an older run.json: its position features move to the metadata)
   # Everything but the optimizer state, whose moments would double or triple the memory an export needs (orbax's
   # partial restore; an orbax without it restores the whole state, the same weights).
   partial = "partial_restore" in inspect.signature(ocp.args.PyTreeRestore).parameters
@@ -154,9 +166,9 @@ def load_inference(workdir: str, step: int | None = None,
   manager.close()
   trainable = state["trainable"]
   if ema_decay is not None:
-    kept = list(info.get("metadata", {}).get("ema_decays", []))
+    kept = list(metadata.get("ema_decays", []))
     if ema_decay not in kept:
       raise ValueError(f"{workdir} keeps no moving average with decay {ema_decay} (it keeps: {kept or 'none'})")
     trainable = debiased_average(state["ema"][kept.index(ema_decay)], trainable, state["step"], ema_decay)
   params = model_params(trainable, state.get("frozen"), config)
-  return config, jax.device_get(params), info.get("metadata", {})
+  return config, jax.device_get(params), metadata

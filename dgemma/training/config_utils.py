@@ -29,8 +29,10 @@ model_config = model_configs.from_preset  # (config.model_preset, config.model o
 def sampling_metadata(c: ml_collections.ConfigDict, init_metadata: dict | None = None) -> dict:
   """What a run's model records for sampling it (read back by sample.py, the eval scripts and the evaluations):
   `self_conditioning`, whether that branch learned anything (here or in the `init_from` checkpoint), and
-  `sampler`, the config's sampling defaults, else those of the checkpoint it starts from. A bad knob fails here."""
+  `sampler`, the config's sampling defaults, else those of the checkpoint it starts from; and the model's position
+  features (`config.position_features`, else the checkpoint's), which the model reads. A bad knob fails here."""
   from dgemma import sampling  # (the sampler imports the model; configs need not)
+  from dgemma.model import position_features
   start = (init_metadata or {}) if c.get("init_from") else None  # (a checkpoint without records: {})
   metadata = {"self_conditioning": bool(c.diffusion.self_cond_prob > 0 or (
       start is not None and sampling.self_conditioning_for(start)))}
@@ -40,4 +42,7 @@ def sampling_metadata(c: ml_collections.ConfigDict, init_metadata: dict | None =
     metadata["sampler"] = dict(start["sampler"])
   if "sampler" in metadata:
     sampling.sampler_config(metadata)
+  table = c.get("position_features") or (start or {}).get(position_features.METADATA_KEY)
+  if table:
+    metadata[position_features.METADATA_KEY] = position_features.to_json(table)
   return metadata
