@@ -134,7 +134,7 @@ def load_inference(workdir: str, step: int | None = None,
     raise FileNotFoundError(f"{workdir} has checkpoints/ but no {RUN_FILE}; is it a dgemma training workdir?")
   with open(run_file) as f:
     info = json.load(f)
-  config, metadata = config_and_metadata(info)  # (an older run.json: its position features move to the metadata)
+  config, run_metadata = config_and_metadata(info)  # (an older run.json: its position features move to the metadata)
   # Everything but the optimizer state, whose moments would double or triple the memory an export needs (orbax's
   # partial restore; an orbax without it restores the whole state, the same weights).
   partial = "partial_restore" in inspect.signature(ocp.args.PyTreeRestore).parameters
@@ -166,9 +166,9 @@ def load_inference(workdir: str, step: int | None = None,
   manager.close()
   trainable = state["trainable"]
   if ema_decay is not None:
-    kept = list(metadata.get("ema_decays", []))
+    kept = list(run_metadata.get("ema_decays", []))
     if ema_decay not in kept:
       raise ValueError(f"{workdir} keeps no moving average with decay {ema_decay} (it keeps: {kept or 'none'})")
     trainable = debiased_average(state["ema"][kept.index(ema_decay)], trainable, state["step"], ema_decay)
   params = model_params(trainable, state.get("frozen"), config)
-  return config, jax.device_get(params), metadata
+  return config, jax.device_get(params), run_metadata
