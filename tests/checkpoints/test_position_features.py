@@ -102,3 +102,20 @@ def test_missing_or_bad_tables_are_one_line_errors(tmp_path):
     generate(params, config, prompt, None, jax.random.key(0), sampler, position_features=table[:, :3])
   with pytest.raises(ValueError, match="reads an"):  # a checkpoint of such a model is refused without its table
     save_model(str(tmp_path / "x"), config, params, {})
+
+
+def test_an_old_run_json_reads_alike():
+  """A training workdir's run.json of the old format: load_inference's config and metadata, and the fingerprint
+  train.py compares on resume, are those of the current format."""
+  from dgemma.checkpoints.native import config_and_metadata, config_to_dict
+  from dgemma.training.checkpointing import model_fingerprint
+  c = sft_sudoku.get_config("size=debug")
+  config = model_config(c.model_preset, c.model.to_dict())
+  table = [list(r) for r in c.position_features]
+  new = json.loads(json.dumps(config_to_dict(config)))
+  old = {**{k: v for k, v in new.items() if k != "num_position_features"}, "position_features": table}
+  assert config_and_metadata({"model": old, "metadata": {"task": {}}}) == (config, {"task": {},
+                                                                                    "position_features": table})
+  assert model_fingerprint(old, {}) == model_fingerprint(new, {"position_features": table})
+  shorter = model_fingerprint(new, {"position_features": table[:-1]})
+  assert shorter != model_fingerprint(new, {"position_features": table})
