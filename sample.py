@@ -272,7 +272,8 @@ def run() -> int:
   mesh = sharding.make_mesh()
   params = sharding.put(params, sharding.tree_shardings(params, mesh))
   sample, compile_s = compile_generate(params, config, tokens, valid, key, sampler,
-                                       max_cache_len=FLAGS.max_cache_len)
+                                       max_cache_len=FLAGS.max_cache_len,
+                                       position_features=metadata.get("position_features"))
   start = time.perf_counter()
   out = sharding.to_host(jax.block_until_ready(sample(tokens, valid, key)))
   seconds = time.perf_counter() - start

@@ -136,7 +136,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
                        "with the same value or use a new workdir")
     # run.json must keep describing the checkpoints: a changed model is refused before anything is written.
     # (How the model is computed may change on resume: _RUNTIME_FIELDS and the matmuls' dtype.)
-    before, now = saved["model"], json.loads(json.dumps(config_to_dict(config)))
+    before = checkpointing.model_fingerprint(saved["model"], saved["metadata"])
+    now = checkpointing.model_fingerprint(json.loads(json.dumps(config_to_dict(config))), task_metadata)
     changed = sorted(k for k in set(before) | set(now)
                      if before.get(k) != now.get(k) and k not in _RUNTIME_FIELDS | {"matmul_dtype"})
     if changed:
@@ -158,7 +159,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   del params
   state_shardings = jax.tree.map(lambda x: x.sharding, state)
   train_step = state_lib.make_train_step(config, objective_config, tx, c.seed, state_shardings,
-                                         sharding.batch_sharding(mesh, rules, c.batch_size), ema_decays)
+                                         sharding.batch_sharding(mesh, rules, c.batch_size), ema_decays,
+                                         task_metadata.get("position_features"))
 
   def weight_sets() -> list[tuple[str, object]]:
     """(name, trainable weights): the weights themselves ("") and each moving average ("_ema<decay>")."""

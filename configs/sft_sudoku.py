@@ -58,9 +58,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       global_k_eq_v=False,  # separate value projections in the global layers
       global_rope_fraction=1.0,  # RoPE on every frequency pair
       # cells: segment + row + column + box embeddings and a learned bias per shared feature; absolute: one per position
-      **(dict(learned_positions=digits.CELL_POSITION_ROWS, position_features=digits.cell_position_features(),
-              relation_bias=True) if cells
+      **(dict(learned_positions=digits.CELL_POSITION_ROWS, num_position_features=4, relation_bias=True) if cells
          else dict(learned_positions=digits.PROMPT_CONTENT_LEN + 81))))
+  # The model's [positions, 4] feature table (an array input of the model, recorded in its checkpoint)
+  c.position_features = digits.cell_position_features() if cells else ()
 
   c.data = ml_collections.ConfigDict(dict(
       prompt_len=digits.PROMPT_CONTENT_LEN,

@@ -91,16 +91,20 @@ class ModelConfig:
   # tokens (2·tokens·top_k <= num_experts, e.g. AR decoding) take layers.experts_gather: only the routed experts.
   moe_impl: str = "xla"
   remat: bool = False  # gradient checkpointing of every block
-  # > 0: a learned absolute position embedding for this many positions is added to the token embedding.
-  # Not part of Gemma (0 there); it helps small models trained from scratch on grid-like tasks.
+  # > 0: a learned table of this many position rows is added to the token embedding (row p at position p, or
+  # the rows a position's features name). Not part of Gemma (0 there); it helps small models trained from
+  # scratch on structured inputs (e.g. grids).
   learned_positions: int = 0
-  # Optional per-position feature rows supplied by the task: for each absolute position, the rows of that table
-  # whose sum is its embedding (e.g. on a grid: segment + row + column + box, so that an input cell and the
-  # canvas cell it fixes share rows). Empty: position p uses row p. Positions past the end use the last entry.
-  position_features: tuple[tuple[int, ...], ...] = ()
-  # Needs position_features. A learned attention-logit bias per layer, head and position feature, added to every
-  # (query, key) pair whose positions share that feature, in the spirit of T5's relative-position bias. Zero at
-  # init (the plain model); not Gemma.
+  # F > 0: positions are described by F features supplied by the task, e.g. segment ids and per-position feature
+  # rows (on a grid: segment + row + column + box, so that an input cell and the output cell it fixes share
+  # rows). They come as an int table [L, F] of ids into the learned rows (position p: row p; positions past L:
+  # the last row), which travels with the weights (the checkpoint's metadata["position_features"]) and reaches
+  # the model as an array argument (`position_features=` of encode / denoise): a table here would be part of
+  # this hashed, jit-static config. A position's embedding is the sum of the rows its features name.
+  num_position_features: int = 0
+  # Needs num_position_features. A learned attention-logit bias per layer, head and position feature, added to
+  # every (query, key) pair whose positions share that feature, in the spirit of T5's relative-position bias.
+  # Zero at init (the plain model); not Gemma.
   relation_bias: bool = False
   # Switches for Gemma 3 backbones (imported from GGUF, dgemma/checkpoints/gguf.py); the defaults are Gemma 4's.
   # Gemma 3 scales queries by query_pre_attn_scalar**-0.5 where Gemma 4 uses 1.0, and has no V-norm.
@@ -125,15 +129,13 @@ class ModelConfig:
       raise ValueError(f"param_dtype must be float32, bfloat16 or float16, got {self.param_dtype!r}")
     if self.matmul_dtype not in ("", "bfloat16"):
       raise ValueError(f"matmul_dtype must be '' (the parameter dtype) or 'bfloat16', got {self.matmul_dtype!r}")
-    object.__setattr__(self, "position_features", tuple(tuple(int(i) for i in f) for f in self.position_features))
-    if self.position_features:
-      ids = [i for f in self.position_features for i in f]
-      if len({len(f) for f in self.position_features}) != 1:
-        raise ValueError("position_features must give every position the same number of features")
-      if not self.learned_positions or min(ids) < 0 or max(ids) >= self.learned_positions:
-        raise ValueError(f"position_features ids must lie in [0, learned_positions={self.learned_positions})")
-    if self.relation_bias and not self.position_features:
-      raise ValueError("relation_bias needs position_features (the relations are equalities of those features)")
+    if isinstance(self.num_position_features, bool) or not isinstance(self.num_position_features, int) \
+        or self.num_position_features < 0:
+      raise ValueError(f"num_position_features must be an integer >= 0, got {self.num_position_features!r}")
+    if self.num_position_features and not self.learned_positions:
+      raise ValueError("num_position_features needs learned_positions > 0 (the rows the features name)")
+    if self.relation_bias and not self.num_position_features:
+      raise ValueError("relation_bias needs num_position_features > 0 (the relations are equalities of features)")
     if self.relation_bias and "pallas" in parse_attention_impl(self.attention_impl).values():
       raise ValueError("relation_bias is implemented for attention_impl='xla' only")
     if not self.query_scale > 0:

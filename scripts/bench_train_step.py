@@ -56,7 +56,8 @@ def time_train_step(c, steps: int) -> dict:
   batches = iter(dataset)
   tx = optimizer.make_optimizer(c.optimizer)
   state = state_lib.create(params, tx, c.lora_rank, jax.random.key(c.seed + 1), c.optimizer.master_dtype)
-  step = state_lib.make_train_step(config, ObjectiveConfig.from_config(c.diffusion), tx, c.seed)
+  step = state_lib.make_train_step(config, ObjectiveConfig.from_config(c.diffusion), tx, c.seed,
+                                   position_features=c.get("position_features"))
   first = next(batches)
   t0 = time.perf_counter()
   compiled = step.lower(state, first).compile()

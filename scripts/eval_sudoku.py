@@ -141,9 +141,11 @@ def _batches(puzzles, batch_size):
     yield chunk, n
 
 
-def decode(params, task, puzzles, mode: str, sampler, batch_size: int, seed: int, ar_temperature: float = 0.0):
+def decode(params, task, puzzles, mode: str, sampler, batch_size: int, seed: int, ar_temperature: float = 0.0,
+           position_features=None):
   """Runs one decoder ("diffusion" or "ar") over `puzzles` [n, 81] in equal-shape batches: (predictions [n, 81],
-  steps [n], tokens per forward [n], wall seconds, compile seconds)."""
+  steps [n], tokens per forward [n], wall seconds, compile seconds). `position_features`: the model's feature
+  table, when it has one (its checkpoint's metadata["position_features"])."""
   import jax
   import numpy as np
 
@@ -155,10 +157,12 @@ def decode(params, task, puzzles, mode: str, sampler, batch_size: int, seed: int
   example, valid = task.prompts(puzzles[:batch_size])
   key = jax.random.key(seed)
   if mode == "diffusion":
-    run, compile_s = compile_generate(params, task.config, example, valid, key, task.sampler(sampler))
+    run, compile_s = compile_generate(params, task.config, example, valid, key, task.sampler(sampler),
+                                      position_features=position_features)
   else:
     run, compile_s = compile_autoregressive(params, task.config, example, valid, key,
-                                            sudoku_sampling.ar_config(task, ar_temperature))
+                                            sudoku_sampling.ar_config(task, ar_temperature),
+                                            position_features=position_features)
   preds, steps, tpf = [], [], []
   start = time.perf_counter()
   for index, (chunk, n) in enumerate(_batches(puzzles, batch_size)):
@@ -172,7 +176,7 @@ def decode(params, task, puzzles, mode: str, sampler, batch_size: int, seed: int
 
 
 def evaluate(params, task, data: dict, mode: str, sampler, batch_size: int, seed: int,
-             ar_temperature: float = 0.0, samples: int = 1) -> dict:
+             ar_temperature: float = 0.0, samples: int = 1, position_features=None) -> dict:
   """Runs one decoder over all puzzles; returns summarize(...) plus timing. With `samples` > 1 each puzzle is
   decoded that many times (consecutive rows, so each has its own random draws) and answered by its first sample
   that obeys the rules (`sudoku.first_valid_index`); steps count all its samples, and sequential_mean_steps
@@ -183,7 +187,7 @@ def evaluate(params, task, data: dict, mode: str, sampler, batch_size: int, seed
 
   puzzles = np.asarray(data["puzzle"])
   preds, steps, tpf, wall, compile_s = decode(params, task, np.repeat(puzzles, samples, axis=0), mode, sampler,
-                                              batch_size, seed, ar_temperature)
+                                              batch_size, seed, ar_temperature, position_features)
   sequential_steps = None
   if samples > 1:  # one answer per puzzle; the compute of all its samples
     preds_NxKxC = preds.reshape(len(puzzles), samples, -1)
@@ -263,7 +267,7 @@ def run() -> int:
   results = {}
   for mode in modes:
     results[mode] = evaluate(params, task, data, mode, sampler, FLAGS.batch_size, FLAGS.seed, FLAGS.ar_temperature,
-                             FLAGS.samples)
+                             FLAGS.samples, metadata.get("position_features"))
     _print("block diffusion" if mode == "diffusion" else "autoregressive", results[mode])
   report = dict(results[modes[0]], mode=modes[0], settings=settings)
   if "ar" in results and modes[0] != "ar":

@@ -30,7 +30,8 @@ flags.DEFINE_integer("seed", 0, "Random seed of the corruption.", **_D)
 FLAGS = flags.FLAGS
 
 
-def probe(params, config, puzzles, solutions, noise_levels, confident: float, seed: int) -> list[dict]:
+def probe(params, config, puzzles, solutions, noise_levels, confident: float, seed: int,
+          position_features=None) -> list[dict]:
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -43,8 +44,9 @@ def probe(params, config, puzzles, solutions, noise_levels, confident: float, se
                                    canvas_len=config.canvas_length)
   prompt, canvas = jnp.asarray(batch["prompt"]), jnp.asarray(batch["canvas"])
   b = prompt.shape[0]
-  _, cache = model.encode(params, config, prompt, model.init_cache(config, b, prompt.shape[1]))
-  denoise = jax.jit(lambda x: model.denoise(params, config, x, cache))
+  _, cache = model.encode(params, config, prompt, model.init_cache(config, b, prompt.shape[1]),
+                          position_features=position_features)
+  denoise = jax.jit(lambda x: model.denoise(params, config, x, cache, position_features=position_features))
   blank = np.zeros(np.asarray(canvas).shape, bool)
   blank[:, :81] = np.asarray(puzzles) == 0
   rows = []
@@ -75,7 +77,7 @@ def run() -> int:
     raise ValueError(f"{FLAGS.ckpt}: the probe reads digit-vocabulary Sudoku models, not {task.name!r}")
   data = load_data(FLAGS.data, FLAGS.limit)
   rows = probe(params, config, np.asarray(data["puzzle"]), np.asarray(data["solution"]),
-               [float(t) for t in FLAGS.t], FLAGS.confident, FLAGS.seed)
+               [float(t) for t in FLAGS.t], FLAGS.confident, FLAGS.seed, metadata.get("position_features"))
   print(f"{len(data['puzzle'])} puzzles, one denoiser pass, blank cells only")
   print("| noise t | argmax right | confident (H < %.2g) | confident and right |" % FLAGS.confident)
   print("|---|---|---|---|")

@@ -42,9 +42,11 @@ def take_canvas(x_BxNC: Array, s_B: Int[Array, "B"], canvas_len: int) -> Array:
 
 
 def loss_fn(params: dict, config: ModelConfig, objective: ObjectiveConfig, batch: Batch,
-            rng: jax.Array, step: int | jax.Array = 0) -> tuple[jax.Array, dict[str, Array]]:
+            rng: jax.Array, step: int | jax.Array = 0, *,
+            position_features: Int[Array, "L F"] | None = None) -> tuple[jax.Array, dict[str, Array]]:
   """Total loss and per-step metrics. `objective` holds the knobs (validated when it was built); `step` (the
-  training step) matters only to a noise-level curriculum (`t_tilt_steps`)."""
+  training step) matters only to a noise-level curriculum (`t_tilt_steps`). `position_features`: the model's
+  feature table (config.num_position_features > 0)."""
   model = DiffusionGemma(config)
   prompt, canvas, canvas_mask = batch["prompt"], batch["canvas"], batch["canvas_mask"]
   b, p = prompt.shape
@@ -81,7 +83,7 @@ def loss_fn(params: dict, config: ModelConfig, objective: ObjectiveConfig, batch
   # Without the AR loss only what the denoiser reads is encoded: the last canvas is never context.
   enc_len = full.shape[1] if want_ar else full.shape[1] - c
   enc_logits, cache = model.apply({"params": params}, full[:, :enc_len], init_cache(config, b, enc_len),
-                                  valid[:, :enc_len], want_ar, method=DiffusionGemma.encode)
+                                  valid[:, :enc_len], want_ar, position_features, method=DiffusionGemma.encode)
   metrics, total = {}, 0.0
   if want_ar:
     ar_mask = valid[:, :-1] & valid[:, 1:]
@@ -98,7 +100,8 @@ def loss_fn(params: dict, config: ModelConfig, objective: ObjectiveConfig, batch
   cache = jax.tree_util.tree_map(repeat, cache).with_end(p + s * c)
   xt_s, x0_s, mask_s = take_canvas(x_t, s, c), take_canvas(canvas, s, c), take_canvas(canvas_mask, s, c)
   denoise = lambda canvas, cache, sc_logits=None, sc_mask=None: model.apply(
-      {"params": params}, canvas, cache, sc_logits, sc_mask, method=DiffusionGemma.denoise)
+      {"params": params}, canvas, cache, sc_logits, sc_mask, position_features=position_features,
+      method=DiffusionGemma.denoise)
   if objective.self_cond_prob > 0:
     # The no-signal first pass (as the sampler's first step) runs only on the rows that will use it; with
     # self_cond_passes > 1 each further pass reads its predecessor's logits, as the sampler's later steps do.

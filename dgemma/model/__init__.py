@@ -4,6 +4,9 @@
     cache = init_cache(config, batch, max_len)
     logits, cache = encode(params, config, tokens, cache)              # prefill / append
     logits = denoise(params, config, canvas, cache, self_conditioning_logits=None)
+
+A model with position features (config.num_position_features > 0) also takes its [L, F] feature table, an array
+argument like the params: `encode(..., position_features=table)` (see dgemma/model/position_features.py).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from dgemma.config import ModelConfig
+from dgemma.model import position_features as position_features_lib
 from dgemma.model.cache import KVCache, init_cache
 from dgemma.model.transformer import DiffusionGemma
 
@@ -25,7 +29,9 @@ __all__ = ["DiffusionGemma", "KVCache", "init_cache", "init_params", "param_shap
 def _init_inputs(config: ModelConfig):
   c = min(config.canvas_length, 4)
   tokens = jnp.zeros((1, c), jnp.int32)
-  return tokens, init_cache(config, 1, 2 * c), tokens
+  # (The parameters do not depend on the feature table's values or length: a one-row table of zeros does.)
+  features = jnp.zeros((1, config.num_position_features), jnp.int32) if config.num_position_features else None
+  return tokens, init_cache(config, 1, 2 * c), tokens, features
 
 
 def init_params(config: ModelConfig, rng: jax.Array) -> dict:
@@ -50,27 +56,29 @@ def _check_room(cache: KVCache, num_new: int, what: str) -> None:
 
 
 @functools.partial(jax.jit, static_argnames=("config", "compute_logits"))
-def _encode(params, config, tokens, cache, token_valid, compute_logits):
-  return DiffusionGemma(config).apply({"params": params}, tokens, cache, token_valid, compute_logits,
+def _encode(params, config, tokens, cache, token_valid, compute_logits, features):
+  return DiffusionGemma(config).apply({"params": params}, tokens, cache, token_valid, compute_logits, features,
                                       method=DiffusionGemma.encode)
 
 
 def encode(params: dict, config: ModelConfig, tokens: Int[Array, "B T"], cache: KVCache,
-           token_valid: Bool[Array, "B T"] | None = None, *,
-           compute_logits: bool = True) -> tuple[Float[Array, "B T V"] | None, KVCache]:
+           token_valid: Bool[Array, "B T"] | None = None, *, compute_logits: bool = True,
+           position_features: Int[Array, "L F"] | None = None) -> tuple[Float[Array, "B T V"] | None, KVCache]:
   """Causal pass over `tokens` written at each row's `cache.end`; returns (next-token logits, new cache).
 
   `token_valid` marks real tokens (False for right padding); padded slots are never attended to.
   With compute_logits=False the (large) vocabulary projection is skipped and None is returned.
+  `position_features`: the model's feature table, when config.num_position_features > 0.
   """
   _check_room(cache, tokens.shape[1], "encoding")
-  return _encode(params, config, tokens, cache, token_valid, compute_logits)
+  features = position_features_lib.check(config, position_features)
+  return _encode(params, config, tokens, cache, token_valid, compute_logits, features)
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def _denoise(params, config, canvas, cache, sc_logits, sc_mask, sc_probs, sc_table):
+def _denoise(params, config, canvas, cache, sc_logits, sc_mask, sc_probs, sc_table, features):
   return DiffusionGemma(config).apply({"params": params}, canvas, cache, sc_logits, sc_mask, sc_probs, sc_table,
-                                      method=DiffusionGemma.denoise)
+                                      features, method=DiffusionGemma.denoise)
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
@@ -83,7 +91,8 @@ def denoise(params: dict, config: ModelConfig, canvas: Int[Array, "B C"], cache:
             self_conditioning_logits: Float[Array, "B C V"] | None = None,
             self_conditioning_mask: Bool[Array, "B"] | None = None,
             self_conditioning_probs: Float[Array, "B C V"] | None = None,
-            self_conditioning_table: Array | None = None) -> Float[Array, "B C V"]:
+            self_conditioning_table: Array | None = None, *,
+            position_features: Int[Array, "L F"] | None = None) -> Float[Array, "B C V"]:
   """Bidirectional denoiser logits for `canvas`, reading (never writing) `cache`.
 
   Canvas positions continue at each row's `cache.end`. `self_conditioning_logits=None` is the first-step
@@ -91,6 +100,8 @@ def denoise(params: dict, config: ModelConfig, canvas: Int[Array, "B C"], cache:
   `self_conditioning_probs`: softmax(logits) in place of the logits, when the caller has it.
   `self_conditioning_table`: `embedding_table_transposed`, built once by a caller that loops, for the product of the
   self-conditioning probabilities with the embedding.
+  `position_features`: as in `encode`.
   """
+  features = position_features_lib.check(config, position_features)
   return _denoise(params, config, canvas, cache, self_conditioning_logits, self_conditioning_mask,
-                  self_conditioning_probs, self_conditioning_table)
+                  self_conditioning_probs, self_conditioning_table, features)

@@ -76,7 +76,7 @@ class Attention(nn.Module):
       # Additive over the shared features, written as elementwise sums that XLA fuses: on CPU a bias per
       # combination of them (2^F, a one-hot contraction or a gather) or an einsum over F made the whole training
       # step markedly slower.
-      weights_FxN = self.param("relation_bias", nn.initializers.zeros, (shared_FxBxTxS.shape[0], n), dt)
+      weights_FxN = self.param("relation_bias", nn.initializers.zeros, (cfg.num_position_features, n), dt)
       bias = sum(weights_FxN[f].astype(jnp.float32)[None, :, None, None] * shared_FxBxTxS[f][:, None]
                  for f in range(shared_FxBxTxS.shape[0]))
     if cfg.attention_for(kind, "denoise" if write_at is None else "encode") == "pallas":

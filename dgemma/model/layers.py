@@ -265,13 +265,15 @@ class Embedder(nn.Module):
   def scale(self) -> Array:
     return jnp.asarray(math.sqrt(self.config.width), jnp.float32).astype(self.embedding.dtype)
 
-  def encode(self, tokens_BxT: Int[Array, "B T"], positions_BxT: Int[Array, "B T"]) -> Array:
+  def encode(self, tokens_BxT: Int[Array, "B T"], positions_BxT: Int[Array, "B T"],
+             position_features_LxF: Int[Array, "L F"] | None = None) -> Array:
+    """Token embedding plus the learned position rows: row p at position p, or with `position_features_LxF`
+    (config.num_position_features) the sum of the rows that position's features name."""
     x = jnp.take(self.embedding, tokens_BxT, axis=0) * self.scale()
-    if self.config.position_features:
+    if position_features_LxF is not None:
       # One summed row per position first ([L, D], tiny), then one gather per token: the same sums, without
       # a [B, T, F, D] intermediate and its scatter-add in the backward pass.
-      ids_LxF = jnp.asarray(self.config.position_features, jnp.int32)
-      table_LxD = jnp.sum(jnp.take(self.positions, ids_LxF, axis=0), axis=-2)
+      table_LxD = jnp.sum(jnp.take(self.positions, position_features_LxF, axis=0), axis=-2)
       x = x + jnp.take(table_LxD, positions_BxT, axis=0, mode="clip")
     elif self.config.learned_positions:
       x = x + jnp.take(self.positions, positions_BxT, axis=0, mode="clip")

@@ -44,12 +44,12 @@ def denoiser_mask(end_B: Int[Array, "B"], key_valid_BxS: Bool[Array, "B S"], can
   return jnp.broadcast_to(row[:, None, :], (b, canvas_len, cap + canvas_len))
 
 
-def shared_features(position_features: tuple[tuple[int, ...], ...], q_pos_BxT: Int[Array, "B T"],
+def shared_features(position_features_LxF: Int[Array, "L F"], q_pos_BxT: Int[Array, "B T"],
                     k_pos_BxS: Int[Array, "B S"]) -> Float[Array, "F B T S"]:
   """For `ModelConfig.relation_bias`: 1.0 where feature f of the query's position equals feature f of the
   key's (e.g. on a grid: same segment / row / column / box), else 0.0. Positions past the table use its last row (as
   the position embedding does)."""
-  ids_LxF = jnp.asarray(position_features, jnp.int32)
+  ids_LxF = jnp.asarray(position_features_LxF, jnp.int32)
   last = ids_LxF.shape[0] - 1
   q_BxTxF = ids_LxF[jnp.clip(q_pos_BxT, 0, last)]
   k_BxSxF = ids_LxF[jnp.clip(k_pos_BxS, 0, last)]

@@ -75,10 +75,25 @@ class DiffusionGemma(nn.Module):
     self.final_norm = RMSNorm(cfg.rms_norm_eps, dtype=param_dtype(cfg))
     self.self_conditioning = SelfConditioning(cfg)
 
-  def _layers(self, x, positions, masks_by_kind, cache: KVCache, write_at, key_positions):
+  def _features(self, position_features_LxF: Array | None) -> Array | None:
+    """The position-feature table (config.num_position_features), checked as far as its shape: the static half.
+    The values are checked on the host where a table enters (`position_features.check`)."""
+    f = self.config.num_position_features
+    if not f:
+      if position_features_LxF is not None:
+        raise ValueError("position_features given to a model without position features (num_position_features=0)")
+      return None
+    if position_features_LxF is None:
+      raise ValueError(f"this model reads an [L, {f}] position-feature table: pass position_features= (its "
+                       "checkpoint keeps it in metadata['position_features'])")
+    if position_features_LxF.ndim != 2 or position_features_LxF.shape[1] != f:
+      raise ValueError(f"position_features must have shape [L, {f}], got {position_features_LxF.shape}")
+    return position_features_LxF
+
+  def _layers(self, x, positions, masks_by_kind, cache: KVCache, write_at, key_positions, features_LxF):
     shared = None
     if self.config.relation_bias:  # computed once, read by every layer
-      shared = masks.shared_features(self.config.position_features, positions, key_positions)
+      shared = masks.shared_features(features_LxF, positions, key_positions)
     keys, values = [], []
     for i, block in enumerate(self.blocks):
       kind = self.config.layer_types[i]
@@ -101,7 +116,10 @@ class DiffusionGemma(nn.Module):
     return masks.encoder_mask if mode == "encode" else masks.denoiser_mask
 
   def encode(self, tokens_BxT: Int[Array, "B T"], cache: KVCache,
-             token_valid_BxT: Bool[Array, "B T"] | None = None, compute_logits: bool = True):
+             token_valid_BxT: Bool[Array, "B T"] | None = None, compute_logits: bool = True,
+             position_features: Int[Array, "L F"] | None = None):
+    """`position_features`: the model's [L, F] feature table when config.num_position_features > 0."""
+    features = self._features(position_features)
     b, t = tokens_BxT.shape
     if token_valid_BxT is None:
       token_valid_BxT = jnp.ones((b, t), bool)
@@ -109,8 +127,8 @@ class DiffusionGemma(nn.Module):
     positions = start[:, None] + jnp.arange(t)[None, :]
     valid = write_rows(cache.valid, token_valid_BxT, start)
     masks_by_kind = {k: self._mask_builder("encode", k)(positions, valid, self._window(k)) for k in (LOCAL, GLOBAL)}
-    x = self.embedder.encode(tokens_BxT, positions)
-    x, keys, values = self._layers(x, positions, masks_by_kind, cache, start, cache.slot_positions)
+    x = self.embedder.encode(tokens_BxT, positions, features)
+    x, keys, values = self._layers(x, positions, masks_by_kind, cache, start, cache.slot_positions, features)
     new_cache = KVCache(keys=tuple(keys), values=tuple(values), valid=valid, end=start + t)
     logits = self.embedder.decode(x) if compute_logits else None
     return logits, new_cache
@@ -119,16 +137,19 @@ class DiffusionGemma(nn.Module):
               self_conditioning_logits: Float[Array, "B C V"] | None = None,
               self_conditioning_mask: Bool[Array, "B"] | None = None,
               self_conditioning_probs: Float[Array, "B C V"] | None = None,
-              self_conditioning_table: Array | None = None) -> Float[Array, "B C V"]:
+              self_conditioning_table: Array | None = None,
+              position_features: Int[Array, "L F"] | None = None) -> Float[Array, "B C V"]:
     """`self_conditioning_probs`: softmax(self_conditioning_logits) instead of the logits, from a caller that
     computed it already (the sampler), which saves a vocabulary-wide softmax per step.
     `self_conditioning_table`: `embedding_table_transposed()`, built once outside a caller's loop, for the product
-    of the self-conditioning probabilities with the embedding (`Embedder.encode_probs`)."""
+    of the self-conditioning probabilities with the embedding (`Embedder.encode_probs`).
+    `position_features`: as in `encode`."""
+    features = self._features(position_features)
     if self_conditioning_logits is not None and self_conditioning_probs is not None:
       raise ValueError("give self-conditioning logits or probabilities, not both")
     c = canvas_BxC.shape[1]
     positions = cache.end[:, None] + jnp.arange(c)[None, :]
-    x = self.embedder.encode(canvas_BxC, positions)
+    x = self.embedder.encode(canvas_BxC, positions, features)
     if self_conditioning_logits is None and self_conditioning_probs is None:
       soft = None  # "no signal": exactly HF's self_conditioning_logits=None
     else:
@@ -141,13 +162,14 @@ class DiffusionGemma(nn.Module):
     masks_by_kind = {k: self._mask_builder("denoise", k)(cache.end, cache.valid, c, self._window(k))
                      for k in (LOCAL, GLOBAL)}
     x, _, _ = self._layers(x, positions, masks_by_kind, cache, None,
-                           jnp.concatenate([cache.slot_positions, positions], axis=1))
+                           jnp.concatenate([cache.slot_positions, positions], axis=1), features)
     return self.embedder.decode(x)
 
   def embedding_table_transposed(self) -> Array:
     return self.embedder.transposed_table()
 
-  def __call__(self, tokens_BxT, cache, canvas_BxC):
+  def __call__(self, tokens_BxT, cache, canvas_BxC, position_features=None):
     """Touches every parameter once; used by `init`."""
-    logits, cache = self.encode(tokens_BxT, cache)
-    return self.denoise(canvas_BxC, cache, self_conditioning_logits=logits[:, :canvas_BxC.shape[1]])
+    logits, cache = self.encode(tokens_BxT, cache, position_features=position_features)
+    return self.denoise(canvas_BxC, cache, self_conditioning_logits=logits[:, :canvas_BxC.shape[1]],
+                        position_features=position_features)

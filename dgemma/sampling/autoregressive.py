@@ -17,6 +17,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from dgemma.config import ModelConfig
+from dgemma.model import position_features as position_features_lib
 from dgemma.model.cache import KVCache, init_cache
 from dgemma.model.transformer import DiffusionGemma
 from dgemma.sampling import acceptance
@@ -59,7 +60,8 @@ class _State:
 
 
 @functools.partial(jax.jit, static_argnames=("config", "ar", "cache_len"))
-def _decode(params, prompt_BxP, valid_BxP, rng, *, config: ModelConfig, ar: ARConfig, cache_len: int):
+def _decode(params, prompt_BxP, valid_BxP, rng, position_features, *, config: ModelConfig, ar: ARConfig,
+            cache_len: int):
   model = DiffusionGemma(config)
   variables = {"params": params}
   b, p = prompt_BxP.shape
@@ -68,7 +70,7 @@ def _decode(params, prompt_BxP, valid_BxP, rng, *, config: ModelConfig, ar: ARCo
   stop_ids = jnp.asarray(ar.stop_ids, jnp.int32)
 
   logits, cache = model.apply(variables, prompt_BxP, init_cache(config, b, cache_len), valid_BxP, True,
-                              method=DiffusionGemma.encode)
+                              position_features, method=DiffusionGemma.encode)
   # Right padding: the next-token logits of a row sit at its last real prompt token.
   last = p - 1 - jnp.argmax(jnp.flip(valid_BxP, axis=1), axis=1)
   first_logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
@@ -91,7 +93,8 @@ def _decode(params, prompt_BxP, valid_BxP, rng, *, config: ModelConfig, ar: ARCo
 
     def step(args):
       cache, _ = args
-      logits, cache = model.apply(variables, token[:, None], cache, None, True, method=DiffusionGemma.encode)
+      logits, cache = model.apply(variables, token[:, None], cache, None, True, position_features,
+                                  method=DiffusionGemma.encode)
       return cache, logits[:, 0]
 
     cache, logits = jax.lax.cond(more, step, lambda args: args, (st.cache, st.logits))
@@ -106,7 +109,8 @@ def _decode(params, prompt_BxP, valid_BxP, rng, *, config: ModelConfig, ar: ARCo
   return AROutput(tokens=final.tokens, forward_passes=final.passes, tokens_per_forward=tpf)
 
 
-def _prepare(config: ModelConfig, ar_config: ARConfig, prompt_tokens, prompt_valid, rng) -> tuple[tuple, dict]:
+def _prepare(config: ModelConfig, ar_config: ARConfig, prompt_tokens, prompt_valid, rng,
+             position_features=None) -> tuple[tuple, dict]:
   ar = ar_config if ar_config.stop_ids is not None else dataclasses.replace(ar_config, stop_ids=config.stop_ids)
   prompt = np.asarray(prompt_tokens)
   if prompt.ndim != 2 or 0 in prompt.shape:
@@ -118,29 +122,34 @@ def _prepare(config: ModelConfig, ar_config: ARConfig, prompt_tokens, prompt_val
   if valid.shape != (b, p):
     raise ValueError(f"prompt_valid has shape {valid.shape}, expected {(b, p)}")
   check_rng(rng, b)
-  args = (jnp.asarray(prompt, jnp.int32), jnp.asarray(valid), rng)
+  features = position_features_lib.check(config, position_features)
+  args = (jnp.asarray(prompt, jnp.int32), jnp.asarray(valid), rng, features)
   return args, dict(config=config, ar=ar, cache_len=p + ar.max_new_tokens)
 
 
 def generate_autoregressive(params: dict, config: ModelConfig, prompt_tokens: Int[Array, "B P"],
                             prompt_valid: Bool[Array, "B P"] | None, rng: jax.Array,
-                            ar_config: ARConfig = ARConfig()) -> AROutput:
-  """Decodes up to `max_new_tokens` tokens after right-padded prompts, one encoder pass per token."""
-  args, static = _prepare(config, ar_config, prompt_tokens, prompt_valid, rng)
+                            ar_config: ARConfig = ARConfig(), *,
+                            position_features: Int[Array, "L F"] | None = None) -> AROutput:
+  """Decodes up to `max_new_tokens` tokens after right-padded prompts, one encoder pass per token.
+  `position_features`: the model's feature table, when config.num_position_features > 0."""
+  args, static = _prepare(config, ar_config, prompt_tokens, prompt_valid, rng, position_features)
   return _decode(params, *args, **static)
 
 
 def compile_autoregressive(params: dict, config: ModelConfig, prompt_tokens: Int[Array, "B P"],
                            prompt_valid: Bool[Array, "B P"] | None, rng: jax.Array,
-                           ar_config: ARConfig = ARConfig()) -> tuple[Callable[..., AROutput], float]:
+                           ar_config: ARConfig = ARConfig(), *,
+                           position_features: Int[Array, "L F"] | None = None
+                           ) -> tuple[Callable[..., AROutput], float]:
   """Ahead-of-time compilation: (run(prompt_tokens, prompt_valid, rng), compile seconds)."""
-  args, static = _prepare(config, ar_config, prompt_tokens, prompt_valid, rng)
+  args, static = _prepare(config, ar_config, prompt_tokens, prompt_valid, rng, position_features)
   start = time.perf_counter()
   compiled = _decode.lower(params, *args, **static).compile()
   seconds = time.perf_counter() - start
 
   def run(prompt_tokens, prompt_valid, rng) -> AROutput:
-    new_args, new_static = _prepare(config, ar_config, prompt_tokens, prompt_valid, rng)
+    new_args, new_static = _prepare(config, ar_config, prompt_tokens, prompt_valid, rng, position_features)
     if new_static != static:
       raise ValueError("inputs differ in shape from the ones this decoder was compiled for")
     return compiled(params, *new_args)

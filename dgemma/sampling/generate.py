@@ -34,6 +34,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from dgemma.config import ModelConfig
+from dgemma.model import position_features as position_features_lib
 from dgemma.model.cache import KVCache, init_cache
 from dgemma.model.transformer import DiffusionGemma
 from dgemma.cpu import token_stats as cpu_kernel
@@ -83,9 +84,11 @@ class _Denoiser:
   # writes it in the pass that normalises them (half the bytes, and no separate cast in the network).
   carried_dtype: jnp.dtype
   sc_table: Array | None  # E.T for the probabilities' product, taken once: the step reads it in place
+  position_features: Array | None  # the model's feature table (config.num_position_features > 0)
 
   @classmethod
-  def make(cls, params: dict, config: ModelConfig, sampler: SamplerConfig) -> "_Denoiser":
+  def make(cls, params: dict, config: ModelConfig, sampler: SamplerConfig,
+           position_features: Array | None = None) -> "_Denoiser":
     variables = {"params": params}
     sc_dtype = jnp.dtype(config.param_dtype)
     sc_probs = sampler.self_conditioning and signal_is_probabilities(config)
@@ -93,10 +96,10 @@ class _Denoiser:
                 if sc_probs else None)
     return cls(config=config, sampler=sampler, variables=variables, sc_probs=sc_probs, sc_dtype=sc_dtype,
                carried_dtype=jnp.bfloat16 if sc_probs and config.matmul_dtype == "bfloat16" else sc_dtype,
-               sc_table=sc_table)
+               sc_table=sc_table, position_features=position_features)
 
   def encode(self, tokens: Array, cache: KVCache, valid: Array | None) -> KVCache:
-    return DiffusionGemma(self.config).apply(self.variables, tokens, cache, valid, False,
+    return DiffusionGemma(self.config).apply(self.variables, tokens, cache, valid, False, self.position_features,
                                              method=DiffusionGemma.encode)[1]
 
   def denoise(self, canvas_BxC: Array, cache: KVCache, sc_signal: Array, has_sc_B: Bool[Array, "B"]) -> Array:
@@ -104,11 +107,12 @@ class _Denoiser:
     denoise without the signal, as the first step does."""
     model = DiffusionGemma(self.config)
     if not self.sampler.self_conditioning:
-      return model.apply(self.variables, canvas_BxC, cache, method=DiffusionGemma.denoise)
+      return model.apply(self.variables, canvas_BxC, cache, position_features=self.position_features,
+                         method=DiffusionGemma.denoise)
     signal = (dict(self_conditioning_probs=sc_signal, self_conditioning_table=self.sc_table) if self.sc_probs
               else dict(self_conditioning_logits=sc_signal))
     return model.apply(self.variables, canvas_BxC, cache, self_conditioning_mask=has_sc_B, **signal,
-                       method=DiffusionGemma.denoise)
+                       position_features=self.position_features, method=DiffusionGemma.denoise)
 
 
 @flax.struct.dataclass
@@ -254,10 +258,10 @@ def _next_canvas(d: _Denoiser, row_keys_B: jax.Array, initial_BxNxC: Array | Non
 
 @functools.partial(jax.jit, static_argnames=("config", "sampler", "cache_len"))
 def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, rng: Array,
-              initial_BxNxC: Array | None, *, config: ModelConfig, sampler: SamplerConfig,
-              cache_len: int) -> GenerateOutput:
+              initial_BxNxC: Array | None, position_features: Array | None, *, config: ModelConfig,
+              sampler: SamplerConfig, cache_len: int) -> GenerateOutput:
   """Prefills the prompt, then runs the canvas loop until every row has stopped or the canvases run out."""
-  d = _Denoiser.make(params, config, sampler)
+  d = _Denoiser.make(params, config, sampler, position_features)
   b, p = prompt_BxP.shape
   c = sampler.canvas_length
   n_canvases = sampler.num_canvases(c)
@@ -283,7 +287,7 @@ def _check_ids(name: str, ids: np.ndarray, vocab_size: int) -> None:
 
 
 def _prepare(config: ModelConfig, sampler_config: SamplerConfig, prompt_tokens, prompt_valid, rng,
-             initial_canvases, max_cache_len: int | None) -> tuple[tuple, dict]:
+             initial_canvases, max_cache_len: int | None, position_features=None) -> tuple[tuple, dict]:
   """Checks the inputs on the host; returns the jitted function's (array args, static args)."""
   sampler = sampler_config.resolve(config)
   prompt = np.asarray(prompt_tokens)
@@ -312,7 +316,7 @@ def _prepare(config: ModelConfig, sampler_config: SamplerConfig, prompt_tokens, 
     initial = initial.astype(np.int32)
   check_rng(rng, b)
   # NumPy arrays: the compiled call transfers them itself; jnp.asarray would dispatch a conversion of each.
-  args = (prompt.astype(np.int32), valid, rng, initial)
+  args = (prompt.astype(np.int32), valid, rng, initial, position_features_lib.check(config, position_features))
   # Slots for the prompt and every canvas but the last, which is never committed: a denoising step attends over
   # every slot of the cache it is given (the mask hides the unwritten ones), so a slot that is never written would
   # be work for nothing in every bucket.
@@ -323,33 +327,39 @@ def generate(params: dict, config: ModelConfig, prompt_tokens: Int[Array, "B P"]
              prompt_valid: Bool[Array, "B P"] | None, rng: jax.Array,
              sampler_config: SamplerConfig = SamplerConfig(), *,
              initial_canvases: Int[Array, "B N C"] | None = None,
-             max_cache_len: int | None = None) -> GenerateOutput:
+             max_cache_len: int | None = None,
+             position_features: Int[Array, "L F"] | None = None) -> GenerateOutput:
   """Generates after right-padded prompts (`prompt_valid` False on pads; None: all valid).
 
   `rng` is one key (row b uses fold_in(rng, b)) or one key per row. `initial_canvases` replaces the uniform
   random starting canvas of every canvas (HF's `decoder_input_ids` does so for the first; restarted attempts
   still start from random ones);
   `max_cache_len` makes a prompt that does not fit fail with a clear error.
+  `position_features`: the model's feature table, when config.num_position_features > 0 (a checkpoint's
+  metadata["position_features"]).
   """
   args, static = _prepare(config, sampler_config, prompt_tokens, prompt_valid, rng, initial_canvases,
-                          max_cache_len)
+                          max_cache_len, position_features)
   return _generate(params, *args, **static)
 
 
 def compile_generate(params: dict, config: ModelConfig, prompt_tokens: Int[Array, "B P"],
                      prompt_valid: Bool[Array, "B P"] | None, rng: jax.Array,
                      sampler_config: SamplerConfig = SamplerConfig(), *,
-                     max_cache_len: int | None = None) -> tuple[Callable[..., GenerateOutput], float]:
+                     max_cache_len: int | None = None,
+                     position_features: Int[Array, "L F"] | None = None
+                     ) -> tuple[Callable[..., GenerateOutput], float]:
   """Ahead-of-time compilation for inputs shaped like these: (run, compile seconds), so that callers can
   report compile time apart. `run(prompt_tokens, prompt_valid, rng)` takes inputs of the same shapes."""
-  args, static = _prepare(config, sampler_config, prompt_tokens, prompt_valid, rng, None, max_cache_len)
+  args, static = _prepare(config, sampler_config, prompt_tokens, prompt_valid, rng, None, max_cache_len,
+                          position_features)
   start = time.perf_counter()
   compiled = _generate.lower(params, *args, **static).compile()
   seconds = time.perf_counter() - start
 
   def run(prompt_tokens, prompt_valid, rng) -> GenerateOutput:
     new_args, new_static = _prepare(config, sampler_config, prompt_tokens, prompt_valid, rng, None,
-                                    max_cache_len)
+                                    max_cache_len, position_features)
     if new_static != static:
       raise ValueError("inputs differ in shape from the ones this sampler was compiled for")
     return compiled(params, *new_args)

@@ -15,6 +15,7 @@ count. The data-iterator state is the primary process's (all processes are at th
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import os
@@ -25,7 +26,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from dgemma.checkpoints.native import config_from_dict, config_to_dict
+from dgemma.checkpoints.native import config_and_metadata, config_to_dict, upgrade_config_dict
 from dgemma.config import ModelConfig
 from dgemma.training.state import debiased_average, model_params
 
@@ -151,6 +152,15 @@ def finished_steps(workdir: str) -> list[int]:
   if not os.path.isdir(directory):
     return []
   return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+def model_fingerprint(model: dict, metadata: dict) -> dict:
+  """A model config dict (as JSON reads it back; older formats upgraded) with its position-feature table as a short
+  digest under "position_features": what must not change when a run resumes (train.py compares them)."""
+  model, legacy_table = upgrade_config_dict(model)
+  table = metadata.get("position_features", legacy_table)
+  if table:
+    digest = hashlib.sha256(json.dumps(table).encode()).hexdigest()[:12]
+    model["position_features"] = f"{len(table)}x{len(table[0])} table {digest}"
+  return model
 
 
 def read_run_info(workdir: str) -> dict | None:
@@ -170,7 +180,7 @@ def load_inference(workdir: str, step: int | None = None,
   if not os.path.exists(run_file):
     raise FileNotFoundError(f"{workdir} has checkpoints/ but no {RUN_FILE}; is it a dgemma training workdir?")
   info = _read_json(run_file)
-  config = config_from_dict(info["model"])
+  config, run_metadata = config_and_metadata(info)  # (an older run.json: its position features move to the metadata)
   # Everything but the optimizer state, whose moments would double or triple the memory an export needs (orbax's
   # partial restore; an orbax without it restores the whole state, the same weights).
   partial = "partial_restore" in inspect.signature(ocp.args.PyTreeRestore).parameters
@@ -205,11 +215,11 @@ def load_inference(workdir: str, step: int | None = None,
   manager.close()
   trainable = state["trainable"]
   if ema_decay is not None:
-    kept = list(info.get("metadata", {}).get("ema_decays", []))
+    kept = list(run_metadata.get("ema_decays", []))
     if ema_decay not in kept:
       raise ValueError(f"{workdir} keeps no moving average with decay {ema_decay} (it keeps: {kept or 'none'})")
     trainable = debiased_average(state["ema"][kept.index(ema_decay)], trainable, state["step"], ema_decay)
   params = model_params(trainable, state.get("frozen"), config)
-  metadata = dict(info.get("metadata", {}))  # (+ what the run was, as train.py's export records it)
+  metadata = dict(run_metadata)  # (+ what the run was, as train.py's export records it)
   metadata.update({k: info[v] for k, v in (("train_config", "config"), ("code_version", "code_version")) if v in info})
   return config, jax.device_get(params), metadata

@@ -29,8 +29,11 @@ model_config = model_configs.from_preset  # (config.model_preset, config.model o
 def sampling_metadata(c: ml_collections.ConfigDict, init_metadata: dict | None = None) -> dict:
   """What a run's model records for sampling it (read back by sample.py, the eval scripts and the evaluations):
   `self_conditioning`, whether that branch learned anything (here or in the `init_from` checkpoint), and
-  `sampler`, the config's sampling defaults, else those of the checkpoint it starts from. A bad knob fails here."""
+  `sampler`, the config's sampling defaults, else those of the checkpoint it starts from; and the model's position
+  features, which the model reads: the `init_from` checkpoint's (its model is the run's), else
+  `config.position_features`. A bad knob fails here."""
   from dgemma import sampling  # (the sampler imports the model; configs need not)
+  from dgemma.model import position_features
   start = (init_metadata or {}) if c.get("init_from") else None  # (a checkpoint without records: {})
   metadata = {"self_conditioning": bool(c.diffusion.self_cond_prob > 0 or (
       start is not None and sampling.self_conditioning_for(start)))}
@@ -40,4 +43,7 @@ def sampling_metadata(c: ml_collections.ConfigDict, init_metadata: dict | None =
     metadata["sampler"] = dict(start["sampler"])
   if "sampler" in metadata:
     sampling.sampler_config(metadata)
+  table = start.get(position_features.METADATA_KEY) if start is not None else c.get("position_features")
+  if table:
+    metadata[position_features.METADATA_KEY] = position_features.to_json(table)
   return metadata

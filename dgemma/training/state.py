@@ -22,6 +22,7 @@ from dgemma import sharding
 from dgemma.config import ModelConfig
 from dgemma.diffusion import objective
 from dgemma.diffusion.config import ObjectiveConfig
+from dgemma.model import position_features as position_features_lib
 from dgemma.training import lora
 
 
@@ -92,7 +93,7 @@ def model_params(trainable, frozen, config: ModelConfig) -> dict:
 def make_train_step(config: ModelConfig, objective_config: ObjectiveConfig,
                     tx: optax.GradientTransformation, seed: int, state_shardings: Any = None,
                     batch_sharding: jax.sharding.Sharding | None = None,
-                    ema_decays: tuple[float, ...] = ()) -> Callable:
+                    ema_decays: tuple[float, ...] = (), position_features: Any = None) -> Callable:
   """(state, batch) -> (state, metrics), jitted; the step's randomness is fold_in(key(seed), step), so a
   resumed run draws exactly the numbers an uninterrupted one would (and, JAX's random bits being
   partitionable, the same numbers on any mesh).
@@ -100,17 +101,20 @@ def make_train_step(config: ModelConfig, objective_config: ObjectiveConfig,
   With `state_shardings` (a TrainState of shardings, `sharding.tree_shardings`) and `batch_sharding`, the step
   runs on their mesh: the state keeps its shardings, the batch is split over the batch axes and the metrics
   come back replicated (readable on every process).
+
+  `position_features`: the model's feature table (config.num_position_features > 0), a constant of the step.
   """
   if not isinstance(objective_config, ObjectiveConfig):  # a config section: convert it where the config is read
     raise TypeError(f"make_train_step takes an ObjectiveConfig (ObjectiveConfig.from_config(c.diffusion)), "
                     f"got {type(objective_config).__name__}")
+  features = position_features_lib.check(config, position_features)
 
   def step_fn(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     rng = jax.random.fold_in(jax.random.key(seed), state.step)
 
     def loss(trainable):
       return objective.loss_fn(model_params(trainable, state.frozen, config), config, objective_config, batch, rng,
-                                state.step)
+                                state.step, position_features=features)
 
     (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(state.trainable)
     updates, opt_state = tx.update(grads, state.opt_state, state.trainable)

@@ -42,7 +42,7 @@ def test_bad_specs_are_one_line_errors(spec, message):
 def test_relation_bias_refuses_any_pallas_layer():
   from dgemma.config import small_dense
   base = small_dense(vocab_size=16, width=16, num_heads=2, num_layers=2, learned_positions=4,
-                     position_features=((0,), (1,), (2,), (3,)), relation_bias=True)
+                     num_position_features=1, relation_bias=True)
   with pytest.raises(ValueError, match="attention_impl='xla'"):
     base.replace(attention_impl="denoise.global=pallas")
 

@@ -130,24 +130,31 @@ def test_position_features_share_table_rows():
   """position_features: a position's embedding is the sum of its rows, so two positions with the same features
   embed identically (the Sudoku layout: a clue and its canvas cell differ only in the segment row)."""
   features = ((0, 3), (1, 4), (2, 3), (1, 4), (2, 5))  # positions 1 and 3 share both rows
-  config = CONFIG.replace(learned_positions=6, position_features=features)
+  config = CONFIG.replace(learned_positions=6, num_position_features=2)
   params = model.init_params(config, jax.random.key(6))
   table = params["embedder"]["positions"]
   tokens = jnp.full((1, 5), 9, jnp.int32)
   from dgemma.model.layers import Embedder
-  x = Embedder(config).apply({"params": params["embedder"]}, tokens, jnp.arange(5)[None], method=Embedder.encode)
-  base = Embedder(config.replace(learned_positions=0, position_features=())).apply(
+  x = Embedder(config).apply({"params": params["embedder"]}, tokens, jnp.arange(5)[None], jnp.asarray(features),
+                             method=Embedder.encode)
+  base = Embedder(config.replace(learned_positions=0, num_position_features=0)).apply(
       {"params": {"embedding": params["embedder"]["embedding"]}}, tokens, jnp.arange(5)[None], method=Embedder.encode)
   np.testing.assert_allclose(x - base, jnp.stack([table[jnp.asarray(f)].sum(0) for f in features])[None], atol=1e-6)
   np.testing.assert_array_equal(x[0, 1], x[0, 3])
   with pytest.raises(ValueError, match="position_features ids"):
-    CONFIG.replace(learned_positions=4, position_features=features)
+    model.encode(params, CONFIG.replace(learned_positions=4, num_position_features=2), tokens,
+                 model.init_cache(config, 1, 8), position_features=features)
 
 
 def _sudoku_relation_config(**overrides):
   from dgemma.tasks.sudoku import digits as sudoku_task
   return CONFIG.replace(canvas_length=81, learned_positions=sudoku_task.CELL_POSITION_ROWS,
-                        position_features=sudoku_task.cell_position_features(), relation_bias=True, **overrides)
+                        num_position_features=4, relation_bias=True, **overrides)
+
+
+def _sudoku_features():
+  from dgemma.tasks.sudoku import digits as sudoku_task
+  return np.asarray(sudoku_task.cell_position_features(), np.int32)
 
 
 def test_shared_features_match_the_grid():
@@ -182,11 +189,13 @@ def test_relation_bias_starts_as_the_plain_model():
   plain_params = jax.tree.map(lambda x: x, params)
   for i in range(config.num_layers):
     del plain_params[f"layer_{i}"]["attn"]["relation_bias"]
-  prompt, canvas = _tokens(12, (2, 82)), _tokens(13, (2, 81))
-  _, cache = model.encode(params, config, prompt, model.init_cache(config, 2, 82))
-  _, plain_cache = model.encode(plain_params, plain, prompt, model.init_cache(plain, 2, 82))
-  np.testing.assert_allclose(model.denoise(params, config, canvas, cache),
-                             model.denoise(plain_params, plain, canvas, plain_cache), atol=1e-6)
+  prompt, canvas, features = _tokens(12, (2, 82)), _tokens(13, (2, 81)), _sudoku_features()
+  _, cache = model.encode(params, config, prompt, model.init_cache(config, 2, 82), position_features=features)
+  _, plain_cache = model.encode(plain_params, plain, prompt, model.init_cache(plain, 2, 82),
+                                position_features=features)
+  np.testing.assert_allclose(model.denoise(params, config, canvas, cache, position_features=features),
+                             model.denoise(plain_params, plain, canvas, plain_cache, position_features=features),
+                             atol=1e-6)
 
 
 def test_relation_bias_can_confine_attention_to_a_row():
@@ -200,9 +209,12 @@ def test_relation_bias_can_confine_attention_to_a_row():
     weights[1] = 1e4  # features are (segment, row, column, box)
     params[f"layer_{i}"]["attn"]["relation_bias"] = jnp.asarray(weights)
 
+  features = _sudoku_features()
+
   def canvas_logits(params, prompt, canvas):
-    _, cache = model.encode(params, config, prompt, model.init_cache(config, 1, 82))
-    return np.asarray(model.denoise(params, config, canvas, cache))[0].reshape(9, 9, -1)  # [row, column, V]
+    _, cache = model.encode(params, config, prompt, model.init_cache(config, 1, 82), position_features=features)
+    return np.asarray(model.denoise(params, config, canvas, cache, position_features=features))[0].reshape(
+        9, 9, -1)  # [row, column, V]
 
   prompt, canvas = _tokens(14, (1, 82)), _tokens(15, (1, 81))
   base = canvas_logits(params, prompt, canvas)
@@ -222,7 +234,7 @@ def test_relation_bias_can_confine_attention_to_a_row():
 
 
 def test_relation_bias_config_errors():
-  with pytest.raises(ValueError, match="needs position_features"):
+  with pytest.raises(ValueError, match="needs num_position_features"):
     CONFIG.replace(relation_bias=True)
   with pytest.raises(ValueError, match="attention_impl='xla'"):
     _sudoku_relation_config(attention_impl="pallas")

@@ -34,6 +34,7 @@ def config(cache_dir: str, mesh: dict | None = None, steps: int = 3) -> ml_colle
   c.model = ml_collections.ConfigDict(dict(canvas_length=81, stop_ids=(sudoku_task.EOS_ID,), num_layers=2,
                                            layer_types=("local", "global"), global_num_kv_heads=2))
   c.optimizer.lr_multipliers = ml_collections.ConfigDict()  # this backbone has no relation bias to speed up
+  c.position_features = ()  # nor position features
   c.batch_size, c.num_train_steps, c.checkpoint_every, c.log_every = 8, steps, steps, 1
   c.optimizer.learning_rate = 1e-3  # the tolerances of test_meshes.py are set for steps of this size
   if mesh is not None:

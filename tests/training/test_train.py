@@ -89,7 +89,8 @@ def test_moving_averages_are_the_weighted_average_of_the_iterates(tmp_path):
   decays = (0.9, 0.5)
   tx = optimizer.make_optimizer(c.optimizer)
   state = state_lib.create(train.build_model(c)[1], tx, 0, jax.random.key(1), ema_decays=decays)
-  step = state_lib.make_train_step(config, ObjectiveConfig.from_config(c.diffusion), tx, c.seed, ema_decays=decays)
+  step = state_lib.make_train_step(config, ObjectiveConfig.from_config(c.diffusion), tx, c.seed, ema_decays=decays,
+                                   position_features=c.position_features)
   dataset = iter(train.build_data(c, config)[0])
   iterates = []
   for _ in range(4):
@@ -278,7 +279,8 @@ def test_evaluation_during_training_is_logged_and_matches_the_saved_model(tmp_pa
                                jax.random.key(c.eval.seed),
                                SamplerConfig(max_denoising_steps=6, t_max=1.3, t_min=0.9,
                                              confidence_threshold=c.sampler.confidence_threshold,
-                                             restart_after=c.sampler.restart_after, self_conditioning=True))
+                                             restart_after=c.sampler.restart_after, self_conditioning=True),
+                               metadata["position_features"])
   expected = sudoku_task.score(np.asarray(data["puzzle"]), np.asarray(data["solution"]), result.predictions)
   assert scalars["eval/cell_accuracy"][-1][1] == pytest.approx(expected["cell_accuracy"])
   assert scalars["eval/mean_steps"][-1][1] == pytest.approx(float(np.mean(result.steps)))

@@ -56,9 +56,10 @@ DIGIT_VOCAB_SIZE = 13
 PROMPT_CONTENT_LEN = 1 + sudoku.NUM_CELLS  # BOS + 81 puzzle cells
 
 
-# Cell positions (ModelConfig.position_features): every position's embedding is the sum of four rows of a
-# learned table: segment (BOS / prompt / canvas) + row + column + box of its cell. A clue and the canvas
-# cell it fixes share three rows, and so do cells under one constraint, which attention then finds at once.
+# Cell positions (the model's position-feature table; ModelConfig.num_position_features = 4): every position's
+# embedding is the sum of four rows of a learned table: segment (BOS / prompt / canvas) + row + column + box of its
+# cell. A clue and the canvas cell it fixes share three rows, and so do cells under one constraint, which attention
+# then finds at once.
 _SEGMENT_BOS, _SEGMENT_PROMPT, _SEGMENT_CANVAS, _NO_CELL = 0, 1, 2, 30
 _ROW, _COL, _BOX = 3, 12, 21
 CELL_POSITION_ROWS = 31

@@ -35,12 +35,14 @@ def make_evaluator(c: ml_collections.ConfigDict, task, metadata: dict) -> Evalua
   sampler = sampler_config(metadata, max_denoising_steps=e.max_steps,  # the run's `sampler` knobs
                            self_conditioning=self_conditioning_for(metadata))
 
+  features = metadata.get("position_features")  # the model's, when it has them
+
   def evaluate(params: dict) -> dict[str, float]:
     rng = jax.random.key(e.seed)
     if autoregressive:
-      result = solving.solve_autoregressive(params, task, puzzles, rng)
+      result = solving.solve_autoregressive(params, task, puzzles, rng, position_features=features)
     else:
-      result = solving.solve(params, task, puzzles, rng, sampler)
+      result = solving.solve(params, task, puzzles, rng, sampler, position_features=features)
     scores = digits.score(puzzles, solutions, result.predictions)
     return {"eval/accuracy": scores["accuracy"], "eval/cell_accuracy": scores["cell_accuracy"],
             "eval/mean_steps": float(np.mean(result.steps))}

@@ -46,10 +46,12 @@ class SudokuResult:
 
 
 def solve(params: dict, task, puzzles: np.ndarray, rng: jax.Array,
-          sampler_config: SamplerConfig = SamplerConfig()) -> SudokuResult:
-  """Solves [B, 81] puzzles by block diffusion (one canvas)."""
+          sampler_config: SamplerConfig = SamplerConfig(), position_features=None) -> SudokuResult:
+  """Solves [B, 81] puzzles by block diffusion (one canvas). `position_features`: the model's feature table, when
+  it has one (its checkpoint's metadata["position_features"])."""
   tokens, valid = task.encode(puzzles)
-  out = generate(params, task.config, tokens, valid, rng, task.sampler(sampler_config))
+  out = generate(params, task.config, tokens, valid, rng, task.sampler(sampler_config),
+                 position_features=position_features)
   generated = np.asarray(out.tokens)
   trajectory = None if out.trajectory is None else np.asarray(out.trajectory)[:, 0]
   return SudokuResult(predictions=task.decode(generated), steps=np.asarray(out.steps_per_canvas)[:, 0],
@@ -64,10 +66,11 @@ def ar_config(task, temperature: float = 0.0) -> ARConfig:
 
 
 def solve_autoregressive(params: dict, task, puzzles: np.ndarray, rng: jax.Array,
-                         temperature: float = 0.0) -> SudokuResult:
+                         temperature: float = 0.0, position_features=None) -> SudokuResult:
   """The AR baseline: the causal encoder decodes the answer one token at a time (greedy by default)."""
   tokens, valid = task.encode(puzzles)
-  out = generate_autoregressive(params, task.config, tokens, valid, rng, ar_config(task, temperature))
+  out = generate_autoregressive(params, task.config, tokens, valid, rng, ar_config(task, temperature),
+                                position_features=position_features)
   generated = np.asarray(out.tokens)
   return SudokuResult(predictions=task.decode(generated), steps=np.asarray(out.forward_passes),
                       tokens_per_forward=np.asarray(out.tokens_per_forward), tokens=generated)

@@ -213,10 +213,12 @@ def test_eval_samples_answer_with_a_sample_that_obeys_the_rules(tmp_path):
   np.savez(tmp_path / "p.npz", puzzle=generated["puzzle"], solution=generated["solution"])
   data = evaluator.load_data(str(tmp_path / "p.npz"))
   sampler, k = sampler_config(metadata, max_denoising_steps=6), 3
+  features = metadata["position_features"]  # the model's feature table travels in its metadata
   preds, steps, _, _, _ = evaluator.decode(params, task, np.repeat(data["puzzle"], k, axis=0), "diffusion",
-                                           sampler, batch_size=12, seed=0)
+                                           sampler, batch_size=12, seed=0, position_features=features)
   right_NxK = (preds.reshape(8, k, 81) == np.asarray(data["solution"])[:, None]).all(-1)
-  report = evaluator.evaluate(params, task, data, "diffusion", sampler, batch_size=12, seed=0, samples=k)
+  report = evaluator.evaluate(params, task, data, "diffusion", sampler, batch_size=12, seed=0, samples=k,
+                              position_features=features)
   assert report["accuracy"] == pytest.approx(right_NxK.any(1).mean())
   assert report["mean_steps"] == pytest.approx(steps.reshape(8, k).sum(1).mean())
   assert right_NxK.any() and not right_NxK.all()  # some samples right and some wrong: the choice mattered
@@ -241,7 +243,7 @@ def test_sample_script_answers_with_the_first_draw_that_obeys_the_rules(capsys, 
   config, params, metadata = load_model(path)
   task = sudoku_sampling.load_task(config, metadata, path)
   draws = sudoku_sampling.solve(params, task, np.repeat(generated["puzzle"], k, axis=0), jax.random.key(3),
-                                sampler_config(metadata, max_denoising_steps=12))
+                                sampler_config(metadata, max_denoising_steps=12), metadata["position_features"])
   right_NxK = (draws.predictions.reshape(4, k, 81) == generated["solution"][:, None]).all(-1)
   assert (right_NxK.any(1) & ~right_NxK[:, 0]).any()  # a puzzle answered by a later draw: the choice matters
   tmp = tmp_path / "puzzles.txt"
@@ -283,11 +285,13 @@ def test_restarts_are_fresh_attempts_of_the_plain_sampler():
   length, attempts = 10, 4
   plain = task.sampler(sampler_config(metadata, max_denoising_steps=length))
   keys = row_keys(jax.random.key(5), len(puzzles))
+  features = metadata["position_features"]
   restarted = generate(params, task.config, tokens, valid, keys,
-                       dataclasses.replace(plain, max_denoising_steps=length * attempts, restart_after=length))
+                       dataclasses.replace(plain, max_denoising_steps=length * attempts, restart_after=length),
+                       position_features=features)
   runs = [generate(params, task.config, tokens, valid,
                    keys if j == 0 else jax.vmap(jax.random.fold_in)(keys, jnp.full(len(puzzles), RESTART_SALT + j)),
-                   plain) for j in range(attempts)]
+                   plain, position_features=features) for j in range(attempts)]
   got_tokens, got_steps = np.asarray(restarted.tokens), np.asarray(restarted.steps_per_canvas[:, 0])
   succeeded_in = []
   for row in range(len(puzzles)):
