@@ -92,6 +92,35 @@ def build_data(c: ml_collections.ConfigDict, config, shard: tuple[int, int, int]
   return dataset, {"task": task.metadata}
 
 
+def refuse_another_run(c: ml_collections.ConfigDict, workdir: str, config, task_metadata: dict) -> None:
+  """A workdir with checkpoints resumes only the run that wrote them: the same config (less the keys that may
+  change on resume, dgemma/training/run_config.py), the same moving averages and the same model. Raises a one-line
+  ValueError before anything is written; a new workdir passes."""
+  ema_decays = tuple(task_metadata.get("ema_decays", ()))
+  saved = checkpointing.read_run_info(workdir)  # a run to resume: its checkpoints hold its averages
+  reached = checkpointing.finished_steps(workdir)
+  if saved is not None and reached:
+    if "config" in saved:  # the whole run's config (older run.json files hold the model only: checked below)
+      run_config.check_resume(saved["config"], c, workdir, max(reached))
+    elif c.num_train_steps < max(reached):
+      raise ValueError(f"{workdir} is already at step {max(reached)}, past num_train_steps={c.num_train_steps}: "
+                       f"give at least {max(reached)} steps to continue it, or use a new workdir")
+    if list(saved["metadata"].get("ema_decays", [])) != list(ema_decays):
+      raise ValueError(f"{workdir} was trained with optimizer.ema_decays="
+                       f"{tuple(saved['metadata'].get('ema_decays', []))}, this config has {ema_decays}: resume "
+                       "with the same value or use a new workdir")
+    # run.json must keep describing the checkpoints: a changed model is refused before anything is written.
+    # (How the model is computed may change on resume: _RUNTIME_FIELDS and the matmuls' dtype.)
+    before = checkpointing.model_fingerprint(saved["model"], saved["metadata"])
+    now = checkpointing.model_fingerprint(json.loads(json.dumps(config_to_dict(config))), task_metadata)
+    changed = sorted(k for k in set(before) | set(now)
+                     if before.get(k) != now.get(k) and k not in _RUNTIME_FIELDS | {"matmul_dtype"})
+    if changed:
+      raise ValueError(f"{workdir} holds checkpoints of another model (config.model differs in "
+                       f"{', '.join(f'{k}: {before.get(k)!r} -> {now.get(k)!r}' for k in changed[:3])}"
+                       f"{', ...' if len(changed) > 3 else ''}): resume with its config or use a new workdir")
+
+
 def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None = None) -> dict:
   """Runs (or resumes) training; returns the last logged metrics. `stop_at_step` ends the run early
   without a final checkpoint, as a preemption would (tests use it).
@@ -122,28 +151,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
     task_metadata["ema_decays"] = list(ema_decays)
   # What the run is, recorded in run.json and the exported model: the whole resolved config and the code.
   train_config, code_version = run_config.to_json(c), run_config.code_version()
-  saved = checkpointing.read_run_info(workdir)  # a run to resume: its checkpoints hold its averages
-  reached = checkpointing.finished_steps(workdir)
-  if saved is not None and reached:
-    if "config" in saved:  # the whole run's config (older run.json files hold the model only: checked below)
-      run_config.check_resume(saved["config"], c, workdir, max(reached))
-    elif c.num_train_steps < max(reached):
-      raise ValueError(f"{workdir} is already at step {max(reached)}, past num_train_steps={c.num_train_steps}: "
-                       f"give at least {max(reached)} steps to continue it, or use a new workdir")
-    if list(saved["metadata"].get("ema_decays", [])) != list(ema_decays):
-      raise ValueError(f"{workdir} was trained with optimizer.ema_decays="
-                       f"{tuple(saved['metadata'].get('ema_decays', []))}, this config has {ema_decays}: resume "
-                       "with the same value or use a new workdir")
-    # run.json must keep describing the checkpoints: a changed model is refused before anything is written.
-    # (How the model is computed may change on resume: _RUNTIME_FIELDS and the matmuls' dtype.)
-    before = checkpointing.model_fingerprint(saved["model"], saved["metadata"])
-    now = checkpointing.model_fingerprint(json.loads(json.dumps(config_to_dict(config))), task_metadata)
-    changed = sorted(k for k in set(before) | set(now)
-                     if before.get(k) != now.get(k) and k not in _RUNTIME_FIELDS | {"matmul_dtype"})
-    if changed:
-      raise ValueError(f"{workdir} holds checkpoints of another model (config.model differs in "
-                       f"{', '.join(f'{k}: {before.get(k)!r} -> {now.get(k)!r}' for k in changed[:3])}"
-                       f"{', ...' if len(changed) > 3 else ''}): resume with its config or use a new workdir")
+  refuse_another_run(c, workdir, config, task_metadata)  # resuming: the same run, or one line saying why not
   data_iter = iter(dataset)
   # --- Optimizer and state ------------------------------------------------------------------------
   optimizer_config = c.optimizer
