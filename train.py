@@ -298,12 +298,14 @@ def main(argv):
   lock = None
   try:
     check_workdir(workdir)
+    # Before JAX starts its backends (they log at INFO): library INFO logging to WORKDIR/train.log, the terminal
+    # keeps warnings.
+    logs.log_to_workdir(workdir)
     if sharding.maybe_initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value) \
         and jax.process_index() != 0:
       logging.set_verbosity(logging.WARNING)  # library INFO logs (orbax, jax) from process 0 only
     if jax.process_index() == 0:  # one run per workdir (workdir_lock.py); held until this process ends
       lock = WorkdirLock(workdir).acquire()
-    logs.log_to_workdir(workdir)  # library INFO logging to WORKDIR/train.log; the terminal keeps warnings
     train(c, workdir)
   except (TrainingError, ValueError, FileNotFoundError, WorkdirBusy) as e:
     if os.environ.get("DGEMMA_TRACEBACK"):
