@@ -36,7 +36,8 @@ def strata_sums(denoise: Denoiser, x0_BxL: Int[Array, "B L"], mask_BxL: Bool[Arr
                 draws: int = 1) -> tuple[Float[Array, "B K"], Float[Array, "B K"]]:
   """Per example and stratum, summed over the masked tokens (nats), averaged over `draws` corruptions:
   (the NELBO integrand, the flat cross-entropy -log p_θ(x_0|x_t) of training's loss). Stratum k's noise comes
-  from fold_in(key, k), so it does not depend on K's other strata or on the batch's other calls."""
+  from fold_in(key, k), so it does not depend on K's other strata or on the batch's other calls. `key`: one key,
+  or one per example ([B] keys), which makes an example's noise independent of the batch it is in."""
   t_K = stratified_t(num_t, eps)
   b = x0_BxL.shape[0]
   m = mask_BxL.astype(jnp.float32)
@@ -46,13 +47,24 @@ def strata_sums(denoise: Denoiser, x0_BxL: Int[Array, "B L"], mask_BxL: Bool[Arr
     alpha_B, dalpha_B = schedules.alpha_and_derivative(schedule, t_B)
     elbo_B, ce_B = jnp.zeros((b,)), jnp.zeros((b,))
     for d in range(draws):
-      x_t, _ = corruption.corrupt(jax.random.fold_in(jax.random.fold_in(key, k), d), x0_BxL, alpha_B, vocab_size)
+      x_t = _corrupt(_fold(_fold(key, k), d), x0_BxL, alpha_B, vocab_size)
       logits = denoise(x_t)
       elbo_B += jnp.sum(losses.uniform_elbo_per_token(logits, x0_BxL, x_t, alpha_B, dalpha_B) * m, -1)
       ce_B += jnp.sum(losses.token_cross_entropy(logits, x0_BxL) * m, -1)
     elbo_cols.append(elbo_B / draws)
     ce_cols.append(ce_B / draws)
   return jnp.stack(elbo_cols, 1), jnp.stack(ce_cols, 1)
+
+
+def _fold(key: jax.Array, data: int) -> jax.Array:
+  return jax.random.fold_in(key, data) if key.ndim == 0 else jax.vmap(lambda k: jax.random.fold_in(k, data))(key)
+
+
+def _corrupt(key: jax.Array, x0_BxL, alpha_B, vocab_size: int):
+  if key.ndim == 0:
+    return corruption.corrupt(key, x0_BxL, alpha_B, vocab_size)[0]
+  one = lambda k, x_L, a: corruption.corrupt(k, x_L[None], a[None], vocab_size)[0][0]
+  return jax.vmap(one)(key, x0_BxL, alpha_B)
 
 
 def summarize(elbo_sums_BxK: np.ndarray, ce_sums_BxK: np.ndarray, tokens_B: np.ndarray) -> dict:

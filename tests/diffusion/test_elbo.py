@@ -130,6 +130,11 @@ def test_the_estimate_is_deterministic_and_strata_do_not_depend_on_the_call():
   assert all(np.array_equal(x, y) for x, y in zip(a, b))
   c = elbo.strata_sums(denoiser(logits), x0, mask, V, "linear", 16, jax.random.key(1))
   assert not np.array_equal(a[0], c[0])
+  # one key per example: an example's noise does not depend on the rows beside it
+  keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(0), i))(jnp.arange(16))
+  whole = elbo.strata_sums(denoiser(logits), x0, mask, V, "linear", 16, keys)[0]
+  half = elbo.strata_sums(denoiser(logits), x0[8:], mask[8:], V, "linear", 16, keys[8:])[0]
+  assert np.array_equal(np.asarray(whole)[8:], np.asarray(half))
 
 
 def test_masked_tokens_only_and_bad_k():
