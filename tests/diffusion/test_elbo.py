@@ -96,8 +96,11 @@ def test_the_continuous_bound_is_the_limit_of_the_discrete_time_bound_and_bounds
   assert bound > 0
 
 
-def test_a_perfect_model_has_bound_zero():
+def test_a_perfect_model_has_bound_zero_and_a_uniform_one_l_log_v():
   assert abs(continuous_bound(table(0, perfect=True))) < 1e-6
+  uniform = np.zeros((len(STATES), L, V))  # x_1 uniform stays uniform: p(x) = V**-L exactly
+  assert continuous_bound(uniform) == pytest.approx(L * math.log(V), rel=1e-4)
+  assert discrete_time(uniform, 50)[1] == pytest.approx(L * math.log(V))
 
 
 def test_the_midpoint_rule_over_strata_converges_to_the_integral():
