@@ -7,6 +7,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from configs import text as text_config
+from dgemma import tasks
+from dgemma.config import small_dense
+from dgemma.tasks.text import byte_tokenizer, readers
 from tests.script_loader import ROOT, load_script
 
 mtd = load_script("scripts/make_text_data.py")
@@ -174,7 +180,6 @@ def test_deterministic_with_a_matching_manifest(tmp_path):
 
 
 def test_the_text_reader_reads_the_output(tmp_path):
-  from dgemma.tasks.text import readers
   write_stdlib(tmp_path / "stdlib")
   manifest = build(tmp_path)
   records = readers.read(str(tmp_path / "out" / "train.jsonl"), "auto", None, readers.Fields(), "error", 8, 8)
@@ -187,3 +192,17 @@ def test_bad_stdlib_dir_is_one_line(tmp_path):
   run = subprocess.run([sys.executable, "scripts/make_text_data.py", f"--stdlib_dir={tmp_path}/none",
                         f"--out_dir={tmp_path}/out"], cwd=ROOT, capture_output=True, text=True)
   assert run.returncode != 0 and run.stderr == f"make_text_data: --stdlib_dir {tmp_path}/none is not a directory\n"
+
+
+def test_the_text_config_defaults_to_the_train_split(tmp_path, monkeypatch):
+  c = text_config.get_config("size=debug")
+  assert c.data.path == "data/stdlib_code/train.jsonl"
+  task = tasks.for_config(c, small_dense(byte_tokenizer.VOCAB_SIZE, 32, 1, 2, canvas_length=c.model.canvas_length))
+  monkeypatch.chdir(tmp_path)  # no data/ here
+  with pytest.raises(FileNotFoundError, match=r"^data file data/stdlib_code/train.jsonl does not exist: build it "
+                                              r"with python scripts/make_text_data.py \(or pass data=PATH\)$"):
+    task.train_dataset(c, 2, 0, 1, False)
+  write_stdlib(tmp_path / "stdlib")
+  mtd.build(str(tmp_path / "stdlib"), "data/stdlib_code", log=lambda s: None)
+  batch = next(iter(task.train_dataset(c, 2, 0, 1, False)))
+  assert batch["prompt"].shape == (2, c.data.prompt_len)
