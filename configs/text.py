@@ -1,14 +1,16 @@
 """Text from your own data: the front door. Formats, knobs and what is not built yet: docs/text.md.
 
 COMMAND:
+    python scripts/make_text_data.py && python train.py --config=configs/text.py  # stdlib code completion, CPU
     python train.py --config=configs/text.py:data=PATH.jsonl                      # small byte-level model, CPU
     python train.py --config=configs/text.py:data=PATH.jsonl,objective=ar         # the same backbone, causal
     python train.py --config=configs/text.py:data=DIR,size=debug --workdir=/tmp/t # seconds, for tests
     python sample.py --ckpt=WORKDIR/model --prompt="..."                          # prints the generated text
 
 `data` is a JSONL file (prompt/response or chat `messages`), an ArrayRecord file, or a plain-text file or
-directory. From scratch the tokenizer is the fixed byte vocabulary (272 ids; dgemma/tasks/text/byte_tokenizer.py)
-with Gemma 3's turn markers; set data.tokenizer to a tokenizer file or checkpoint to use a real one.
+directory; by default the stdlib code-completion training split, data/stdlib_code/train.jsonl (docs/text.md).
+From scratch the tokenizer is the fixed byte vocabulary (272 ids; dgemma/tasks/text/byte_tokenizer.py) with
+Gemma 3's turn markers; set data.tokenizer to a tokenizer file or checkpoint to use a real one.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import ml_collections
 
 from dgemma import sharding
-from dgemma.tasks.text import byte_tokenizer
+from dgemma.tasks.text import byte_tokenizer, task as text_task
 from dgemma.training.config_utils import parse_arg
 
 SIZES = {  # width, layers, heads, batch, steps, prompt_len, canvas_length, max_canvases
@@ -26,7 +28,7 @@ SIZES = {  # width, layers, heads, batch, steps, prompt_len, canvas_length, max_
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  args = parse_arg(arg, data="", size="small", objective="diffusion")
+  args = parse_arg(arg, data=text_task.STDLIB_CODE, size="small", objective="diffusion")
   if args.size not in SIZES:
     raise ValueError(f"unknown size {args.size!r}; choose from {sorted(SIZES)}")
   if args.objective not in ("diffusion", "ar"):

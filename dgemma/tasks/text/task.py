@@ -23,6 +23,8 @@ from dgemma.sampling import display
 from dgemma.tasks.base import TaskBase
 from dgemma.tasks.text import byte_tokenizer, canvases, chat, pipeline, readers
 
+STDLIB_CODE = "data/stdlib_code/train.jsonl"  # configs/text.py's default data, built by scripts/make_text_data.py
+
 
 def tokenizer_from(spec: str) -> Tokenizer:
   """'bytes' -> the byte tokenizer; anything else is a tokenizer file or a checkpoint directory."""
@@ -91,6 +93,9 @@ class TextTask(TaskBase):
     if not d.path:
       raise ValueError("data.path is empty: python train.py --config=configs/text.py:data=PATH.jsonl "
                        "(JSONL, a text file or directory, or ArrayRecord; docs/text.md)")
+    if d.path == STDLIB_CODE and not os.path.exists(d.path):
+      raise FileNotFoundError(f"data file {d.path} does not exist: build it with python scripts/make_text_data.py "
+                              "(or pass data=PATH)")
     fields = readers.Fields(d.prompt_field, d.response_field, d.messages_field)
     records = readers.read(d.path, d.format, self.tokenizer, fields, d.on_malformed, d.prefix_tokens,
                            self.max_canvases * self.config.canvas_length, d.document_separator)
