@@ -15,9 +15,7 @@ prompt and the clean canvases before it, so the number is the whole response's.
 
 from __future__ import annotations
 
-import functools
 import json
-import math
 import os
 import sys
 
@@ -51,108 +49,6 @@ def data_config(metadata: dict, path: str):
     if key in c.data and key != "path":
       c.data[key] = value
   return c
-
-
-def objective_of(metadata: dict) -> dict:
-  d = (metadata.get("train_config") or {}).get("diffusion") or {}
-  return {"ar": d.get("diffusion_loss_weight", 1.0) == 0, "schedule": d.get("schedule", "linear"),
-          "t_eps": float(d.get("t_eps", 1e-4))}
-
-
-def batches(encoder, batch_size: int, limit: int):
-  """The examples in file order (those the encoder drops are skipped), stacked `batch_size` at a time; the last
-  batch may be smaller."""
-  import numpy as np
-  n = len(encoder.records) if not limit else min(limit, len(encoder.records))
-  rows = []
-  for i in range(n):
-    example = encoder(i)
-    if example is not None:
-      rows.append(example)
-    if len(rows) == batch_size or (i == n - 1 and rows):
-      yield {k: np.stack([r[k] for r in rows]) for k in ("prompt", "canvas", "canvas_mask")}
-      rows = []
-
-
-def make_scorers(config, params, position_features):
-  """(jitted encode, jitted denoise) for one checkpoint."""
-  import jax
-  from dgemma.model.cache import init_cache
-  from dgemma.model.transformer import DiffusionGemma
-  model = DiffusionGemma(config)
-
-  @functools.partial(jax.jit, static_argnums=3)
-  def encode(params, tokens, valid, want_logits):
-    return model.apply({"params": params}, tokens, init_cache(config, tokens.shape[0], tokens.shape[1]), valid,
-                       want_logits, position_features, method=DiffusionGemma.encode)
-
-  @jax.jit
-  def denoise(params, canvas, cache, end):
-    return model.apply({"params": params}, canvas, cache.with_end(end), position_features=position_features,
-                       method=DiffusionGemma.denoise)
-
-  return (lambda tokens, valid: encode(params, tokens, valid, True),
-          lambda tokens, valid: encode(params, tokens, valid, False)[1],
-          lambda canvas, cache, end: denoise(params, canvas, cache, end))
-
-
-def evaluate(config, params, metadata: dict, batch_iter, mode: str, num_t: int, draws: int, seed: int) -> dict:
-  """The numbers, from batches of (prompt, canvas, canvas_mask)."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-  from dgemma.diffusion import elbo, losses
-  pf = metadata.get("position_features")
-  pf = None if pf is None else jnp.asarray(pf)
-  encode_logits, encode_cache, denoise = make_scorers(config, params, pf)
-  objective = objective_of(metadata)
-  c = config.canvas_length
-  key = jax.random.key(seed)
-  elbo_rows, ce_rows, tokens, nll_rows = [], [], [], []
-  first = 0  # the index of the batch's first example: its key is fold_in(key, index), whatever the batching
-  for batch in batch_iter:
-    prompt, canvas, mask = (jnp.asarray(batch[k]) for k in ("prompt", "canvas", "canvas_mask"))
-    b, p = prompt.shape
-    full = jnp.concatenate([prompt, canvas], 1)
-    valid = jnp.concatenate([prompt != config.pad_id, mask], 1)
-    tokens.append(np.asarray(jnp.sum(mask, 1)))
-    keys_B = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(first, first + b))
-    first += b
-    if mode == "ar":  # token j of the response is predicted from everything before it
-      logits, _ = encode_logits(full, valid)
-      ce = losses.token_cross_entropy(logits[:, :-1], full[:, 1:])
-      target = jnp.concatenate([jnp.zeros((b, p - 1), bool), mask], 1)
-      nll_rows.append(np.asarray(jnp.sum(ce * target, 1), np.float64))
-      continue
-    n_canvases = canvas.shape[1] // c
-    cache = encode_cache(full[:, :p + (n_canvases - 1) * c], valid[:, :p + (n_canvases - 1) * c])
-    e_BxK, ce_BxK = np.zeros((b, num_t)), np.zeros((b, num_t))
-    for s in range(n_canvases):
-      x0, m = canvas[:, s * c:(s + 1) * c], mask[:, s * c:(s + 1) * c]
-      if not bool(jnp.any(m)):
-        continue
-      end = jnp.full((b,), p + s * c, jnp.int32)
-      e, ce = elbo.strata_sums(lambda x_t: denoise(x_t, cache, end), x0, m, config.vocab_size,
-                               objective["schedule"], num_t, jax.vmap(lambda k: jax.random.fold_in(k, s))(keys_B),
-                               objective["t_eps"], draws)
-      e_BxK += np.asarray(e, np.float64)
-      ce_BxK += np.asarray(ce, np.float64)
-    elbo_rows.append(e_BxK)
-    ce_rows.append(ce_BxK)
-  if not tokens:
-    raise ValueError("no examples to evaluate")
-  tokens_B = np.concatenate(tokens).astype(np.float64)
-  if tokens_B.sum() == 0:
-    raise ValueError("the examples hold no response tokens")
-  if mode == "ar":
-    nll_B = np.concatenate(nll_rows)
-    ratio, n = nll_B.sum() / tokens_B.sum(), len(nll_B)
-    se = math.sqrt(n / (n - 1) * np.sum((nll_B - ratio * tokens_B) ** 2)) / tokens_B.sum() if n > 1 else float("nan")
-    return {"mode": "ar", "nll_bits_per_token": ratio / math.log(2), "stderr_bits_per_token": se / math.log(2),
-            "num_examples": n, "num_tokens": int(tokens_B.sum())}
-  out = elbo.summarize(np.concatenate(elbo_rows), np.concatenate(ce_rows), tokens_B)
-  return {"mode": "diffusion", "t": [float(t) for t in np.asarray(elbo.stratified_t(num_t, objective["t_eps"]))],
-          "draws": draws, "seed": seed, "schedule": objective["schedule"], **out}
 
 
 def report(out: dict) -> str:
@@ -189,10 +85,12 @@ def run() -> int:
   task = tasks.for_checkpoint(config, metadata, FLAGS.ckpt)
   if task is None or task.name != "text":
     raise ValueError(f"--ckpt={FLAGS.ckpt} is not a text checkpoint (task {tasks.name_of(metadata)!r})")
-  mode = FLAGS.mode if FLAGS.mode != "auto" else ("ar" if objective_of(metadata)["ar"] else "diffusion")
+  from dgemma.tasks.text import likelihood
+  settings = likelihood.settings_from((metadata.get("train_config") or {}).get("diffusion") or {}, FLAGS.mode,
+                                      num_t=FLAGS.num_t, draws=FLAGS.draws, seed=FLAGS.seed)
   encoder = task.encoder(data_config(metadata, os.path.abspath(FLAGS.data)))
-  out = evaluate(task.config, params, metadata, batches(encoder, FLAGS.batch_size, FLAGS.limit), mode,
-                 FLAGS.num_t, FLAGS.draws, FLAGS.seed)
+  scorer = likelihood.Scorer(task.config, metadata.get("position_features"))
+  out = likelihood.evaluate(scorer, params, likelihood.batches(encoder, FLAGS.batch_size, FLAGS.limit), settings)
   out = {"ckpt": os.path.abspath(FLAGS.ckpt), "data": os.path.abspath(FLAGS.data), **out}
   print(report(out))
   if FLAGS.json_out:
