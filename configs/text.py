@@ -71,7 +71,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if args.objective == "ar":  # same backbone and data, causal, left to right, loss on the response only
     c.diffusion.update(dict(diffusion_loss_weight=0.0, ar_loss_weight=1.0, ar_targets="canvas", self_cond_prob=0.0))
 
-  c.eval = ml_collections.ConfigDict(dict(every=0))  # held-out likelihood: not built yet (docs/text.md)
+  # Held-out likelihood every eval.every steps (0: never): the ELBO in bits/token on num_t stratified noise levels
+  # of the first `limit` examples of eval.data, or an objective=ar run's exact NLL (docs/text.md).
+  c.eval = ml_collections.ConfigDict(dict(every=0, data="", num_t=16, limit=64, batch_size=16))
   c.sampler = ml_collections.ConfigDict()  # the released model's sampler defaults
 
   c.optimizer = ml_collections.ConfigDict(dict(

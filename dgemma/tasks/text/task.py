@@ -108,6 +108,28 @@ class TextTask(TaskBase):
       raise ValueError(f"{self.name} batches carry no noise order")
     return pipeline.make_dataset(self.encoder(c), batch_size, c.seed, shard_index, shard_count)
 
+  def make_evaluator(self, c, metadata):
+    """Every eval.every steps, the held-out likelihood of eval.data (read as data.path is): the ELBO in bits per
+    token on eval.num_t stratified noise levels, or an objective=ar run's exact NLL (likelihood.py)."""
+    e = c.get("eval") or {}
+    if not e.get("every", 0):
+      return None
+    if not e.get("data"):
+      raise ValueError("eval.every > 0 needs eval.data: a held-out file read as data.path is (docs/text.md)")
+    from dgemma.tasks.text import likelihood  # (jax and the model: only when an evaluation is configured)
+    held_out = ml_collections.ConfigDict(c.to_dict())
+    held_out.data.path = os.path.abspath(os.path.expanduser(e.data))
+    rows = list(likelihood.batches(self.encoder(held_out), int(e.get("batch_size", 16)), int(e.get("limit", 64))))
+    settings = likelihood.settings_from(c.diffusion.to_dict(), num_t=int(e.get("num_t", 16)), seed=int(c.seed))
+    scorer = likelihood.Scorer(self.config, metadata.get("position_features"))
+    return lambda params: likelihood.scalars(likelihood.evaluate(scorer, params, rows, settings))
+
+  def describe(self, scores):
+    if "eval/ar_nll_bits_per_token" in scores:
+      return f"held-out AR NLL {scores['eval/ar_nll_bits_per_token']:.4f} bits/token"
+    return (f"held-out ELBO {scores['eval/elbo_bits_per_token']:.4f} ± {scores['eval/elbo_stderr']:.4f} "
+            "bits/token")
+
   # --- Sampling -------------------------------------------------------------------------------------
   def parse_prompt(self, text: str) -> np.ndarray:
     return np.array(text, dtype=object)

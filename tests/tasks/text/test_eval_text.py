@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 
@@ -69,3 +70,24 @@ def test_bad_input_is_one_line(runs, tmp_path, capsys):
   assert script.main(["eval_text.py", f"--ckpt={root / 'ar' / 'model'}", f"--data={bad}"]) == 1
   err = capsys.readouterr().err.strip().splitlines()
   assert err[-1].startswith(f"error: {bad}:1: no string field 'response'")
+
+
+@pytest.mark.parametrize("objective,what", [("diffusion", "ELBO"), ("ar", "AR NLL")])
+def test_training_evaluates_the_held_out_likelihood(runs, tmp_path, capsys, objective, what):
+  root, data = runs
+  c = text_config.get_config(f"data={data},size=debug,objective={objective}")
+  c.num_train_steps = 2
+  c.eval.update(dict(every=1, data=str(data), num_t=2, limit=3))
+  train.train(c, str(tmp_path / objective))
+  lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("eval at step")]
+  assert len(lines) == 2
+  number = float(re.search(f"held-out {what} ([0-9.]+) ", lines[-1]).group(1))
+  assert math.isfinite(number) and number > 0
+
+
+def test_eval_every_without_data_is_refused(runs, tmp_path):
+  root, data = runs
+  c = text_config.get_config(f"data={data},size=debug")
+  c.eval.every = 1
+  with pytest.raises(ValueError, match="eval.every > 0 needs eval.data"):
+    train.train(c, str(tmp_path / "run"))
