@@ -298,14 +298,18 @@ def main(argv):
   lock = None
   try:
     check_workdir(workdir)
+    distributed = sharding.maybe_initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    # One run per workdir (workdir_lock.py), held until this process ends: a single process takes it before writing
+    # anything; in a multi-process run process 0 does, once JAX knows which process this is.
+    if not distributed:
+      lock = WorkdirLock(workdir).acquire()
     # Before JAX starts its backends (they log at INFO): library INFO logging to WORKDIR/train.log, the terminal
     # keeps warnings.
     logs.log_to_workdir(workdir)
-    if sharding.maybe_initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value) \
-        and jax.process_index() != 0:
-      logging.set_verbosity(logging.WARNING)  # library INFO logs (orbax, jax) from process 0 only
-    if jax.process_index() == 0:  # one run per workdir (workdir_lock.py); held until this process ends
+    if distributed and jax.process_index() == 0:
       lock = WorkdirLock(workdir).acquire()
+    elif distributed:
+      logging.set_verbosity(logging.WARNING)  # library INFO logs (orbax, jax) from process 0 only
     train(c, workdir)
   except (TrainingError, ValueError, FileNotFoundError, WorkdirBusy) as e:
     if os.environ.get("DGEMMA_TRACEBACK"):

@@ -42,6 +42,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.log_every = 1 if debug else 25
   c.checkpoint_every = 3 if debug else 500
   c.keep_checkpoints = 3
+  c.allow_changes = ""  # keys that may change on resume, e.g. "optimizer.learning_rate" (docs/training.md)
   c.init_from = ""
 
   c.task = ml_collections.ConfigDict(dict(name="text"))  # dgemma/tasks/text

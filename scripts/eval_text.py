@@ -81,7 +81,11 @@ def run() -> int:
     raise ValueError(f"--ckpt={FLAGS.ckpt} does not exist")
   from dgemma import tasks
   from dgemma.loading import load_model
-  config, params, metadata = load_model(FLAGS.ckpt)
+  try:
+    config, params, metadata = load_model(FLAGS.ckpt)
+  except Exception as e:  # a damaged checkpoint fails in many ways; the user needs one line naming it
+    raise ValueError(f"cannot load checkpoint {FLAGS.ckpt}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
+        from None
   task = tasks.for_checkpoint(config, metadata, FLAGS.ckpt)
   if task is None or task.name != "text":
     raise ValueError(f"--ckpt={FLAGS.ckpt} is not a text checkpoint (task {tasks.name_of(metadata)!r})")

@@ -188,7 +188,7 @@ def main(argv):
   try:
     m = build(stdlib_dir, _OUT_DIR.value, _MIN_STATEMENTS.value, _MAX_CHARS.value, _VALIDATION.value, _TEST.value,
               _PROGRESS.value)
-  except ValueError as e:
+  except (ValueError, OSError) as e:  # (OSError: an --out_dir that is a file or cannot be written)
     sys.exit(f"make_text_data: {e}")
   counts = ", ".join(f"{s} {v['records']} ({v['modules']} modules)" for s, v in m["splits"].items())
   print(f"wrote {_OUT_DIR.value}: {counts}; {m['files']} files, {len(m['unparsable_files'])} unparsable; "

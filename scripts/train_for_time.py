@@ -89,8 +89,9 @@ def main(argv):
     # --- The run -------------------------------------------------------------------------------------------
     c.num_train_steps = steps
     c.optimizer.decay_steps = steps
-    train.train(c, workdir)
-  except (train.TrainingError, ValueError, FileNotFoundError) as e:
+    with train.WorkdirLock(workdir):  # one run per workdir, as train.py
+      train.train(c, workdir)
+  except (train.TrainingError, ValueError, FileNotFoundError, train.WorkdirBusy) as e:
     if os.environ.get("DGEMMA_TRACEBACK"):
       raise
     sys.exit(f"train_for_time.py: error: {e}")

@@ -19,16 +19,28 @@ from typing import Any
 # extend the run beyond the step the workdir has reached.
 MAY_CHANGE_ON_RESUME = (
     "num_train_steps", "log_every", "checkpoint_every", "keep_checkpoints", "allow_changes",
-    "eval.every", "model.remat", "model.attention_impl", "model.moe_impl",
+    "eval", "sampler",  # what is measured during the run and the sampling defaults it records, not the weights
+    "model.remat", "model.attention_impl", "model.moe_impl",
     "mesh", "sharding_rules",  # (and every key under them: checkpoints restore onto any mesh or process count)
     "data.cache_dir",  # where generated data is cached, not what it is
 )
 
 
+# Config keys that name files or directories (compared as absolute paths).
+PATH_KEYS = ("init_from", "data.path", "data.csv", "eval.data")
+
+
 def to_json(config: Any) -> dict:
   """A ConfigDict (or dict) as plain JSON data: tuples become lists, so a saved and a live config compare equal."""
-  data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-  return json.loads(json.dumps(data, default=str))
+  data = json.loads(json.dumps(config.to_dict() if hasattr(config, "to_dict") else dict(config), default=str))
+  for key in PATH_KEYS:  # absolute: the same file named from another directory is the same run
+    *parents, leaf = key.split(".")
+    node = data
+    for p in parents:
+      node = node.get(p) if isinstance(node, dict) else None
+    if isinstance(node, dict) and isinstance(node.get(leaf), str) and node[leaf]:
+      node[leaf] = os.path.abspath(os.path.expanduser(node[leaf]))
+  return data
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:

@@ -260,3 +260,19 @@ def test_nan_loss_before_any_checkpoint_says_so(tmp_path):
   with pytest.raises(train.TrainingError, match=r"stopping. No checkpoint was written before it: the run has nothing "
                                                 r"to resume from"):
     train.train(c, str(tmp_path / "run"))
+
+
+def test_paths_compare_as_absolute_and_eval_may_change(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "sub").mkdir()
+  base = _config()
+  base.data = ml_collections.ConfigDict(dict(path="sub/d.jsonl"))
+  saved = run_config.to_json(base)
+  assert saved["data"]["path"] == str(tmp_path / "sub" / "d.jsonl")
+  same = _config(**{"eval.every": 10})
+  same.data = ml_collections.ConfigDict(dict(path=str(tmp_path / "sub" / "d.jsonl")))
+  same.eval.data = "held_out.jsonl"  # what is measured during the run, not the weights
+  run_config.check_resume(saved, same, "w", 6)
+  monkeypatch.chdir(tmp_path / "sub")  # the same relative name from another directory is another file
+  with pytest.raises(ValueError, match="data.path"):
+    run_config.check_resume(saved, base, "w", 6)
