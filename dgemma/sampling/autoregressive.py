@@ -71,7 +71,7 @@ def _decode(params, prompt_BxP, valid_BxP, rng, position_features, *, config: Mo
 
   logits, cache = model.apply(variables, prompt_BxP, init_cache(config, b, cache_len), valid_BxP, True,
                               position_features, method=DiffusionGemma.encode)
-  # Right padding: the next-token logits of a row sit at its last real prompt token.
+  # Padded prompts (right or left): the next-token logits of a row sit at its last real prompt token.
   last = p - 1 - jnp.argmax(jnp.flip(valid_BxP, axis=1), axis=1)
   first_logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
 
@@ -131,7 +131,7 @@ def generate_autoregressive(params: dict, config: ModelConfig, prompt_tokens: In
                             prompt_valid: Bool[Array, "B P"] | None, rng: jax.Array,
                             ar_config: ARConfig = ARConfig(), *,
                             position_features: Int[Array, "L F"] | None = None) -> AROutput:
-  """Decodes up to `max_new_tokens` tokens after right-padded prompts, one encoder pass per token.
+  """Decodes up to `max_new_tokens` tokens after padded prompts, one encoder pass per token.
   `position_features`: the model's feature table, when config.num_position_features > 0."""
   args, static = _prepare(config, ar_config, prompt_tokens, prompt_valid, rng, position_features)
   return _decode(params, *args, **static)

@@ -329,7 +329,7 @@ def generate(params: dict, config: ModelConfig, prompt_tokens: Int[Array, "B P"]
              initial_canvases: Int[Array, "B N C"] | None = None,
              max_cache_len: int | None = None,
              position_features: Int[Array, "L F"] | None = None) -> GenerateOutput:
-  """Generates after right-padded prompts (`prompt_valid` False on pads; None: all valid).
+  """Generates after padded prompts, right or left (`prompt_valid` False on pads; None: all valid).
 
   `rng` is one key (row b uses fold_in(rng, b)) or one key per row. `initial_canvases` replaces the uniform
   random starting canvas of every canvas (HF's `decoder_input_ids` does so for the first; restarted attempts

@@ -1,4 +1,9 @@
-"""One example's token rows: the prompt right-padded to `prompt_len`, the response split into canvases.
+"""One example's token rows: the prompt left-padded to `prompt_len`, the response split into canvases.
+
+Left padding puts every prompt's last token in the slot just before the first canvas, so the transition from
+prompt to response is a real token pair in every row: an `objective=ar` twin trains on it (its loss masks pairs
+with a PAD) and decodes the first response token from the same slot. Pads are masked keys; positions are slot
+indices, and attention depends only on position differences (RoPE), so where the pads sit changes nothing else.
 
 Layout (spec §4.2, as the official CanvasChunker): the response tokens fill canvases of `canvas_len` in order,
 the rest of the last one is EOS, the canvases after it are PAD; `canvas_mask` is True on every token of every
@@ -23,7 +28,7 @@ class PromptTooLong(ValueError):
 
 def prompt_row(ids: Sequence[int], prompt_len: int, pad_id: int, overflow: str = "truncate"
                ) -> tuple[np.ndarray, bool]:
-  """([prompt_len] int32 right-padded with PAD, whether it was cut). A prompt longer than `prompt_len` keeps
+  """([prompt_len] int32 left-padded with PAD, whether it was cut). A prompt longer than `prompt_len` keeps
   its first token (BOS) and its last prompt_len - 1 tokens (truncated from the left: the end of a prompt, next
   to the response, matters most); with overflow != 'truncate' it raises PromptTooLong."""
   ids = list(ids)
@@ -33,7 +38,7 @@ def prompt_row(ids: Sequence[int], prompt_len: int, pad_id: int, overflow: str =
       raise PromptTooLong(f"the prompt has {len(ids)} tokens, more than prompt_len={prompt_len}")
     ids = ids[:1] + ids[len(ids) - (prompt_len - 1):]
   row = np.full(prompt_len, pad_id, np.int32)
-  row[:len(ids)] = ids
+  row[prompt_len - len(ids):] = ids
   return row, cut
 
 

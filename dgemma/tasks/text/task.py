@@ -142,7 +142,8 @@ class TextTask(TaskBase):
       overflow = "truncate" if self.prompt_overflow == "truncate" else "error"
       rows.append((canvases.prompt_row(ids, self.prompt_len, self.config.pad_id, overflow)[0], len(ids)))
     tokens = np.stack([r for r, _ in rows])
-    valid = np.arange(self.prompt_len)[None, :] < np.array([n for _, n in rows])[:, None]
+    kept = np.minimum(np.array([n for _, n in rows]), self.prompt_len)  # left-padded: the last `kept` slots
+    valid = np.arange(self.prompt_len)[None, :] >= self.prompt_len - kept[:, None]
     return tokens, valid
 
   def decode(self, tokens_BxT: np.ndarray) -> np.ndarray:

@@ -51,11 +51,11 @@ def test_canvas_examples():
   assert rows(list(range(10, 20))) == [list(range(10, 19)), [1] * 9, True]  # cut, counted
 
 
-def test_prompt_rows_truncate_from_the_left_keeping_bos():
+def test_prompt_rows_left_padded_and_truncated_from_the_left_keeping_bos():
   for length, p in itertools.product(range(1, 9), range(2, 6)):
     ids = [2] + list(range(10, 10 + length - 1))
     row, cut = canvases.prompt_row(ids, p, PAD)
     want = ids if length <= p else [2] + ids[length - (p - 1):]
-    assert row.tolist() == want + [PAD] * (p - len(want)) and cut == (length > p)
+    assert row.tolist() == [PAD] * (p - len(want)) + want and cut == (length > p)
   with pytest.raises(canvases.PromptTooLong, match="the prompt has 5 tokens, more than prompt_len=4"):
     canvases.prompt_row([2, 3, 4, 5, 6], 4, PAD, "error")

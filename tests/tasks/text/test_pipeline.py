@@ -50,6 +50,7 @@ def test_examples_are_the_template_and_canvas_layout(tmp_path):
     np.testing.assert_array_equal(batch["canvas"][b], want_canvas)
     np.testing.assert_array_equal(batch["canvas_mask"][b], want_mask)
     assert batch["response_truncated"][b] == cut and not batch["prompt_truncated"][b]
+    assert batch["prompt"][b][-1] != 0  # left-padded: the prompt's last token is next to the first canvas
   assert seen == set(range(8))  # one epoch is every record once
 
 
@@ -104,7 +105,7 @@ def test_long_prompts_truncated_refused_or_skipped(tmp_path):
                           "(data.prompt_overflow='truncate' cuts it from the left, 'skip' drops it)")
   c = config_for(path, prompt_overflow="skip")
   batch = next(iter(task_for(c).train_dataset(c, 2, 0, 1, False)))
-  assert all(TOK.decode(p).startswith("<bos><start_of_turn>user\nshort") for p in batch["prompt"])
+  assert all(TOK.decode(p[p != 0]).startswith("<bos><start_of_turn>user\nshort") for p in batch["prompt"])
 
 
 def test_array_record_malformed_record_is_named_or_skipped(tmp_path):
