@@ -91,3 +91,20 @@ def test_eval_every_without_data_is_refused(runs, tmp_path):
   c.eval.every = 1
   with pytest.raises(ValueError, match="eval.every > 0 needs eval.data"):
     train.train(c, str(tmp_path / "run"))
+
+
+def test_decoding_benchmark_runs_both_decoders_at_batch_1(runs, capsys):
+  root, data = runs
+  out_path = root / "decoding.json"
+  args = ["bench_text_decoding.py", f"--diffusion={root / 'diffusion' / 'model'}", f"--ar={root / 'ar' / 'model'}",
+          f"--data={data}", "--num=2", "--show=1", f"--json_out={out_path}"]
+  assert load_script("scripts/bench_text_decoding.py").main(args) == 0
+  out = json.loads(out_path.read_text())
+  summary, rows = out["summary"], out["per_prompt"]
+  assert summary["prompts"] == len(rows) == 2
+  for r in rows:
+    assert r["steps_per_canvas"] and all(1 <= s <= summary["max_denoising_steps"] for s in r["steps_per_canvas"])
+    assert 0 < r["diffusion_tokens"] <= summary["max_new_tokens"] and 0 < r["ar_tokens"] <= summary["max_new_tokens"]
+  assert "=== completion 1, diffusion" in capsys.readouterr().out
+  assert load_script("scripts/bench_text_decoding.py").main(args[:2] + args[3:]) == 1  # no --ar: one error line
+  assert capsys.readouterr().err.strip() == "error: --ar is required"
