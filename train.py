@@ -224,7 +224,11 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
       scores["eval/seconds"] = time.perf_counter() - start_s
       logger.write(step, {k.replace("eval/", f"eval{suffix}/"): v for k, v in scores.items()})
       logger.exclude(scores["eval/seconds"])
-      say(f"eval{suffix} at step {step}: {task.describe(scores)} ({scores['eval/seconds']:.0f} s)", flush=True)
+      texts = {k.replace("eval/", f"eval{suffix}/"): v for k, v in scores.items() if isinstance(v, str)}
+      numbers = {k: v for k, v in scores.items() if not isinstance(v, str)}
+      say(f"eval{suffix} at step {step}: {task.describe(numbers)} ({scores['eval/seconds']:.0f} s)", flush=True)
+      for tag, text in texts.items():  # (e.g. generated samples; also in TensorBoard's Text tab)
+        say(f"{tag}:\n" + "\n".join("  " + line for line in text.split("\n")), flush=True)
 
   say(f"Training {sum(x.size for x in jax.tree.leaves(state.trainable)):,} parameters "
       f"({'LoRA rank %d' % c.lora_rank if c.lora_rank else 'full'}) for {c.num_train_steps} steps on "
