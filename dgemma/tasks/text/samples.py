@@ -30,7 +30,8 @@ class HeldOut:
 
 def held_out(encoder, task, count: int) -> HeldOut:
   """The first `count` examples of the encoder's records (those it drops are passed over), as training encodes
-  them; fewer when the records hold fewer. The prompt is shown without special tokens (BOS, turn markers)."""
+  them; fewer when the records hold fewer. The prompt is shown as the tokenizer decodes it without its special
+tokens (BOS, PAD)."""
   rows = []
   for i in range(len(encoder.records)):
     if len(rows) == count:
