@@ -149,3 +149,11 @@ def test_eval_every_without_data_is_refused(runs, tmp_path):
   c.eval.every = 1
   with pytest.raises(ValueError, match="eval.every > 0 needs eval.data"):
     train.train(c, str(tmp_path / "run"))
+
+
+def test_a_bad_num_samples_is_refused(runs, tmp_path):
+  root, data = runs
+  c = text_config.get_config(f"data={data},size=debug")
+  c.eval.update(dict(every=1, data=str(data), num_samples=-1))
+  with pytest.raises(ValueError, match=r"^eval.num_samples must be an integer >= 0 \(0: no samples\), got -1$"):
+    train.train(c, str(tmp_path / "run"))
