@@ -28,7 +28,8 @@ from dgemma import checkpoints, cli, loading, model, sharding, tasks
 from dgemma.checkpoints.native import config_to_dict
 from dgemma.cpu import huge_pages
 from dgemma.diffusion.config import ObjectiveConfig
-from dgemma.training import checkpointing, logs, metrics as metrics_lib, optimizer, run_config, state as state_lib
+from dgemma.training import (checkpointing, data_state as data_state_lib, logs, metrics as metrics_lib, optimizer,
+                             run_config, state as state_lib)
 from dgemma.training.config_utils import model_config, sampling_metadata
 from dgemma.training.workdir_lock import WorkdirBusy, WorkdirLock
 
@@ -181,7 +182,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   start = ckpt.latest_step() or 0
   if start:  # restored straight into this run's shardings, whatever mesh or process count saved it
     state, data_state = ckpt.restore(start, sharding.abstract(state, state_shardings))
-    data_iter.set_state(data_state)
+    data_iter.set_state(data_state_lib.this_process(data_state, os.path.join(ckpt.directory, str(start))))
     say(f"Resumed from step {start} ({ckpt.directory})", flush=True)
   if lead:  # (after the restore: a run that cannot resume leaves the workdir as it was)
     checkpointing.write_run_info(workdir, config, task_metadata, train_config, code_version)
@@ -224,7 +225,11 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
       scores["eval/seconds"] = time.perf_counter() - start_s
       logger.write(step, {k.replace("eval/", f"eval{suffix}/"): v for k, v in scores.items()})
       logger.exclude(scores["eval/seconds"])
-      say(f"eval{suffix} at step {step}: {task.describe(scores)} ({scores['eval/seconds']:.0f} s)", flush=True)
+      texts = {k.replace("eval/", f"eval{suffix}/"): v for k, v in scores.items() if isinstance(v, str)}
+      numbers = {k: v for k, v in scores.items() if not isinstance(v, str)}
+      say(f"eval{suffix} at step {step}: {task.describe(numbers)} ({scores['eval/seconds']:.0f} s)", flush=True)
+      for tag, text in texts.items():  # (e.g. generated samples; also in TensorBoard's Text tab)
+        say(f"{tag}:\n" + "\n".join("  " + line for line in text.split("\n")), flush=True)
 
   say(f"Training {sum(x.size for x in jax.tree.leaves(state.trainable)):,} parameters "
       f"({'LoRA rank %d' % c.lora_rank if c.lora_rank else 'full'}) for {c.num_train_steps} steps on "
@@ -247,7 +252,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
         if not bool(state_lib.all_finite(state)):  # nor one that the last update overflowed
           raise TrainingError(f"the weights or optimizer state after step {step + 1} are not finite (the loss "
                               f"was); stopping. {fall_back(good)}")
-        ckpt.save(step + 1, state, data_iter.get_state())
+        ckpt.save(step + 1, state, data_state_lib.gather(data_iter.get_state()))  # (every process's)
         last_saved = unconfirmed = step + 1
       if evaluator and ((step + 1) % c.eval.every == 0 or step + 1 == c.num_train_steps):
         run_eval(step + 1)

@@ -23,9 +23,9 @@ if TYPE_CHECKING:  # (annotations only)
   from dgemma.sampling.display import Frame
   from dgemma.sampling.generate import SamplerConfig
 
-# params -> {"eval/<metric>": value}: the task's held-out scores of one set of weights (train.py adds
-# "eval/seconds" and logs them all).
-Evaluator = Callable[[dict], dict[str, float]]
+# params -> {"eval/<metric>": value}: the task's held-out scores of one set of weights, and texts (str values, e.g.
+# generated samples) that TensorBoard and the log show as they are. train.py adds "eval/seconds" and logs them all.
+Evaluator = Callable[[dict], dict[str, float | str]]
 
 
 @runtime_checkable
@@ -62,7 +62,7 @@ class Task(Protocol):
     (sampler defaults, self-conditioning)."""
 
   def describe(self, scores: dict[str, float]) -> str:
-    """One line summarising an evaluator's scores, e.g. '41.0% of puzzles solved'."""
+    """One line summarising an evaluator's scores (its texts left out), e.g. '41.0% of puzzles solved'."""
 
   # --- Sampling ---------------------------------------------------------------------------------------
   def parse_prompt(self, text: str) -> np.ndarray:

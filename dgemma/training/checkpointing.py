@@ -10,7 +10,7 @@ Orbax writes each step into a temporary directory and renames it when complete, 
 leaves the previous checkpoint intact. The state is saved sharded (every process writes its own shards) and
 restored onto whatever mesh the restoring run has: a target of ShapeDtypeStructs with shardings makes orbax
 read each device's part straight into place, also from a checkpoint written by another mesh shape or process
-count. The data-iterator state is the primary process's (all processes are at the same position).
+count. The data item holds every process's data-iterator state (dgemma/training/data_state.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Training metrics: averaged over each logging window, written to TensorBoard and printed as one line.
 
 The diffusion loss per noise level arrives as per-step (sum, count) per bin of t; summing both over the
-window gives the mean loss of each noise level, logged as `loss_by_t/0.0-0.1`, ... .
+window gives the mean loss of each noise level, logged as `loss_by_t/0.0-0.1`, ... . `write` also takes texts
+(an evaluation's generated samples): TensorBoard shows them verbatim in its Text tab, and train.log gets them.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ import math
 import time
 
 import numpy as np
+from absl import logging
 from tensorboardX import SummaryWriter
+
+_TEXT_SUFFIX = "/text_summary"  # what tensorboardX appends to a text's tag
 
 
 def bin_tags(num_bins: int) -> list[str]:
@@ -88,10 +92,16 @@ class MetricsLogger:
     """Leaves `seconds` of other work (an evaluation) out of the window's examples/s."""
     self._window_start += seconds
 
-  def write(self, step: int, scalars: dict) -> None:
+  def write(self, step: int, values: dict[str, float | str]) -> None:
+    """Writes scalars, and texts (str values) verbatim, at `step`; only where this logger has a writer (process 0),
+    which also logs the texts (train.log)."""
     if self.writer:
-      for k, v in scalars.items():
-        self.writer.add_scalar(k, v, step)
+      for k, v in values.items():
+        if isinstance(v, str):
+          self.writer.add_text(k, verbatim(v), step)
+          logging.info("%s at step %d:\n%s", k, step, v)
+        else:
+          self.writer.add_scalar(k, v, step)
       self.writer.flush()
 
   def close(self) -> None:
@@ -106,8 +116,13 @@ def _duration(seconds: float) -> str:
   return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
-def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
-  """All scalars in a TensorBoard log directory: {tag: [(step, value), ...]} (for plots and tests).
+def verbatim(text: str) -> str:
+  """Text as TensorBoard's Text tab (Markdown) shows it unchanged: an indented code block, whitespace kept."""
+  return "\n".join("    " + line for line in text.split("\n"))
+
+
+def _summary_values(logdir: str):
+  """(step, Summary.Value) of every value in a TensorBoard log directory's event files, in file order.
 
   Event files are TFRecord streams (length, crc, payload, crc) of `Event` protos.
   """
@@ -116,7 +131,6 @@ def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
 
   from tensorboardX.proto import event_pb2
 
-  out: dict[str, list[tuple[int, float]]] = {}
   for path in sorted(glob.glob(f"{logdir}/events.out.tfevents.*")):
     with open(path, "rb") as f:
       data = f.read()
@@ -127,5 +141,25 @@ def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
       pos += 12 + length + 4
       event = event_pb2.Event.FromString(payload)
       for value in event.summary.value:
-        out.setdefault(value.tag, []).append((event.step, value.simple_value))
+        yield event.step, value
+
+
+def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
+  """All scalars in a TensorBoard log directory: {tag: [(step, value), ...]} (for plots and tests)."""
+  out: dict[str, list[tuple[int, float]]] = {}
+  for step, value in _summary_values(logdir):
+    if value.WhichOneof("value") == "simple_value":
+      out.setdefault(value.tag, []).append((step, value.simple_value))
+  return out
+
+
+def read_texts(logdir: str) -> dict[str, list[tuple[int, str]]]:
+  """All texts in a TensorBoard log directory as `MetricsLogger.write` was given them: {tag: [(step, text), ...]}."""
+  out: dict[str, list[tuple[int, str]]] = {}
+  for step, value in _summary_values(logdir):
+    # (by the tag: a writer may keep the text plugin's metadata on the tag's first value only)
+    if value.tag.endswith(_TEXT_SUFFIX) and value.WhichOneof("value") == "tensor" and value.tensor.string_val:
+      shown = value.tensor.string_val[0].decode("utf-8")
+      text = "\n".join(line[4:] if line.startswith("    ") else line for line in shown.split("\n"))
+      out.setdefault(value.tag.removesuffix(_TEXT_SUFFIX), []).append((step, text))
   return out

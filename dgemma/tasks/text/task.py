@@ -110,19 +110,27 @@ class TextTask(TaskBase):
 
   def make_evaluator(self, c, metadata):
     """Every eval.every steps, the held-out likelihood of eval.data (read as data.path is): the ELBO in bits per
-    token on eval.num_t stratified noise levels, or an objective=ar run's exact NLL (likelihood.py)."""
+    token on eval.num_t stratified noise levels, or an objective=ar run's exact NLL (likelihood.py); and the
+    model's completions of the first eval.num_samples held-out prompts as texts (samples.py)."""
     e = c.get("eval") or {}
     if not e.get("every", 0):
       return None
     if not e.get("data"):
       raise ValueError("eval.every > 0 needs eval.data: a held-out file read as data.path is (docs/text.md)")
-    from dgemma.tasks.text import likelihood  # (jax and the model: only when an evaluation is configured)
+    num_samples = e.get("num_samples", 3)
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0:
+      raise ValueError(f"eval.num_samples must be an integer >= 0 (0: no samples), got {num_samples!r}")
+    from dgemma.tasks.text import likelihood, samples  # (jax and the model: only when an evaluation is configured)
     held_out = ml_collections.ConfigDict(c.to_dict())
     held_out.data.path = os.path.abspath(os.path.expanduser(e.data))
-    rows = list(likelihood.batches(self.encoder(held_out), int(e.get("batch_size", 16)), int(e.get("limit", 64))))
+    encoder = self.encoder(held_out)
+    rows = list(likelihood.batches(encoder, int(e.get("batch_size", 16)), int(e.get("limit", 64))))
     settings = likelihood.settings_from(c.diffusion.to_dict(), num_t=int(e.get("num_t", 16)), seed=int(c.seed))
     scorer = likelihood.Scorer(self.config, metadata.get("position_features"))
-    return lambda params: likelihood.scalars(likelihood.evaluate(scorer, params, rows, settings))
+    sample = (samples.make_sampler(self, samples.held_out(encoder, self, num_samples), metadata,
+                                   settings.mode == "ar", int(c.seed)) if num_samples else (lambda params: {}))
+    return lambda params: {**likelihood.scalars(likelihood.evaluate(scorer, params, rows, settings)),
+                           **sample(params)}
 
   def describe(self, scores):
     if "eval/ar_nll_bits_per_token" in scores:

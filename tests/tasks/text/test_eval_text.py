@@ -4,10 +4,19 @@ import json
 import math
 import re
 
+import jax
+
 import pytest
+
+import numpy as np
 
 import train
 from configs import text as text_config
+from dgemma import tasks
+from dgemma.loading import load_model
+from dgemma.sampling import ARConfig, generate_autoregressive
+from dgemma.tasks.text import samples
+from dgemma.training import metrics
 from tests.script_loader import load_script
 
 ROWS = [{"prompt": f"Say {w}.", "response": f"{w} {w}, and again {w}. " * 2} for w in ("hi", "yes", "no", "red")]
@@ -77,12 +86,61 @@ def test_training_evaluates_the_held_out_likelihood(runs, tmp_path, capsys, obje
   root, data = runs
   c = text_config.get_config(f"data={data},size=debug,objective={objective}")
   c.num_train_steps = 2
-  c.eval.update(dict(every=1, data=str(data), num_t=2, limit=3))
+  c.eval.update(dict(every=1, data=str(data), num_t=2, limit=3, num_samples=0 if objective == "diffusion" else 2))
   train.train(c, str(tmp_path / objective))
-  lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("eval at step")]
+  out = capsys.readouterr().out
+  lines = [ln for ln in out.splitlines() if ln.startswith("eval at step")]
   assert len(lines) == 2
   number = float(re.search(f"held-out {what} ([0-9.]+) ", lines[-1]).group(1))
   assert math.isfinite(number) and number > 0
+  texts = metrics.read_texts(str(tmp_path / objective / "tb"))
+  if objective == "diffusion":  # num_samples=0: no samples
+    assert texts == {} and "eval/sample_" not in out
+    return
+  # objective=ar: greedy completions of the first two held-out prompts, at each evaluation; the last ones are what
+  # the exported model decodes greedily from the prompts as sampling encodes them.
+  assert sorted(texts) == ["eval/sample_1", "eval/sample_2"]
+  assert all([s for s, _ in texts[tag]] == [1, 2] for tag in texts)
+  config, params, metadata = load_model(str(tmp_path / objective / "model"))
+  task = tasks.for_checkpoint(config, metadata)
+  tokens, valid = task.encode(np.array([r["prompt"] for r in ROWS[:2]], dtype=object))
+  out_ar = generate_autoregressive(params, task.config, tokens, valid, jax.random.key(c.seed),
+                                   ARConfig(max_new_tokens=32, stop_ids=task.config.stop_ids))
+  expected = task.decode(np.asarray(out_ar.tokens))
+  for i, row in enumerate(ROWS[:2]):
+    shown = texts[f"eval/sample_{i + 1}"][-1][1]
+    assert samples.sample_of(shown) == expected[i]
+    assert row["prompt"] in shown.split(samples.SAMPLE)[0]
+    assert f"eval/sample_{i + 1}:" in out  # and in the console log
+
+
+def test_training_writes_samples_that_sample_py_reproduces(runs, tmp_path, capsys):
+  """A diffusion run's samples in TensorBoard are what sample.py generates from the exported model for the same
+  prompts and seed; each text holds the held-out prompt and response."""
+  root, data = runs
+  c = text_config.get_config(f"data={data},size=debug")
+  c.num_train_steps = 2
+  c.eval.update(dict(every=2, data=str(data), num_t=2, limit=2, num_samples=2))
+  workdir = tmp_path / "run"
+  train.train(c, str(workdir))
+  texts = metrics.read_texts(str(workdir / "tb"))
+  assert sorted(texts) == ["eval/sample_1", "eval/sample_2"]
+  assert "eval/sample_1" not in metrics.read_scalars(str(workdir / "tb"))  # a text is no scalar
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("".join(r["prompt"] + "\n" for r in ROWS[:2]))
+  capsys.readouterr()
+  assert load_script("sample.py").main(["sample.py", f"--ckpt={workdir / 'model'}", f"--prompts_file={prompts}",
+                                        f"--seed={c.seed}"]) == 0
+  printed = capsys.readouterr().out
+  for i, row in enumerate(ROWS[:2]):
+    [(step, shown)] = texts[f"eval/sample_{i + 1}"]
+    assert step == 2
+    head, rest = shown.split(f"\n{samples.SAMPLE}\n")
+    assert head.startswith(samples.PROMPT + "\n") and row["prompt"] in head
+    reference = rest.rsplit(f"\n{samples.REFERENCE}\n", 1)[1]
+    assert reference and row["response"].startswith(reference)  # (cut at the canvases' capacity)
+    answer = printed.split(f"=== prompt {i + 1}/2\n", 1)[1].split("\nsteps per canvas:", 1)[0]
+    assert samples.sample_of(shown) == answer
 
 
 def test_eval_every_without_data_is_refused(runs, tmp_path):
@@ -108,3 +166,11 @@ def test_decoding_benchmark_runs_both_decoders_at_batch_1(runs, capsys):
   assert "=== completion 1, diffusion" in capsys.readouterr().out
   assert load_script("scripts/bench_text_decoding.py").main(args[:2] + args[3:]) == 1  # no --ar: one error line
   assert capsys.readouterr().err.strip() == "error: --ar is required"
+
+
+def test_a_bad_num_samples_is_refused(runs, tmp_path):
+  root, data = runs
+  c = text_config.get_config(f"data={data},size=debug")
+  c.eval.update(dict(every=1, data=str(data), num_samples=-1))
+  with pytest.raises(ValueError, match=r"^eval.num_samples must be an integer >= 0 \(0: no samples\), got -1$"):
+    train.train(c, str(tmp_path / "run"))
