@@ -23,6 +23,7 @@ MAY_CHANGE_ON_RESUME = (
     "model.remat", "model.attention_impl", "model.moe_impl",
     "mesh", "sharding_rules",  # (and every key under them: checkpoints restore onto any mesh or process count)
     "data.cache_dir",  # where generated data is cached, not what it is
+    "diffusion.loss_chunk_tokens",  # the same losses computed a chunk of tokens at a time (memory, not numbers)
 )
 
 
