@@ -27,6 +27,10 @@ MAY_CHANGE_ON_RESUME = (
 )
 
 
+# Keys added after some runs were saved, and the value their absence means (the behaviour of those runs).
+ABSENT_MEANS = {"grad_accum_steps": 1, "diffusion.loss_chunk_tokens": 0}
+
+
 # Config keys that name files or directories (compared as absolute paths).
 PATH_KEYS = ("init_from", "data.path", "data.csv", "eval.data")
 
@@ -64,7 +68,7 @@ def allowed_changes(config: Any) -> set[str]:
 
 def changed_keys(saved: dict, now: dict, allowed: set[str] = frozenset()) -> list[str]:
   """Flattened keys whose values differ between two JSON configs, less those that may change on resume."""
-  before, after = flatten(saved), flatten(now)
+  before, after = ABSENT_MEANS | flatten(saved), ABSENT_MEANS | flatten(now)
   free = set(MAY_CHANGE_ON_RESUME) | set(allowed)  # a key frees the keys under it too ("mesh": "mesh.data", ...)
   return sorted(k for k in set(before) | set(after)
                 if before.get(k, "<absent>") != after.get(k, "<absent>")
