@@ -80,7 +80,7 @@ def check_resume(saved: dict, config: Any, workdir: str, step: int) -> None:
   now = to_json(config)
   changed = changed_keys(saved, now, allowed_changes(config))
   if changed:
-    before, after = flatten(saved), flatten(now)
+    before, after = ABSENT_MEANS | flatten(saved), ABSENT_MEANS | flatten(now)
     shown = ", ".join(f"{k}: {before.get(k, '<absent>')!r} -> {after.get(k, '<absent>')!r}" for k in changed[:4])
     more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
     raise ValueError(f"{workdir} holds a run with another config ({shown}{more}): resume with the same settings, "
