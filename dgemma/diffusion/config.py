@@ -45,6 +45,10 @@ class ObjectiveConfig:
   # The share of rows whose corrupted tokens are those of highest batch["noise_rank"] (corruption.corrupt_in_order);
   # > 0 needs a task whose batches carry that rank.
   ordered_noise_prob: float = 0.0
+  # > 0: the losses (and the self-conditioning input) computed from the final hidden states this many tokens at a
+  # time, never holding all [B, T, V] logits (dgemma/diffusion/chunked.py); the same numbers up to float rounding.
+  # 0: from the whole logits.
+  loss_chunk_tokens: int = 0
 
   def __post_init__(self):
     for name in ("t_eps", "diffusion_loss_weight", "ar_loss_weight", "self_cond_prob", "t_tilt",
@@ -56,7 +60,7 @@ class ObjectiveConfig:
         if not np.isfinite(np.float32(value)):
           raise ValueError(f"diffusion.{name} must be a finite number in float32, got {value!r}")
       object.__setattr__(self, name, float(value))
-    for name in ("num_noise_bins", "self_cond_passes", "t_tilt_steps", "noise_draws"):
+    for name in ("num_noise_bins", "self_cond_passes", "t_tilt_steps", "noise_draws", "loss_chunk_tokens"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"diffusion.{name} must be an integer, got {value!r}")
@@ -77,7 +81,8 @@ class ObjectiveConfig:
     for name in ("self_cond_prob", "ordered_noise_prob"):
       if not 0 <= getattr(self, name) <= 1:
         raise ValueError(f"diffusion.{name} must be in [0, 1], got {getattr(self, name)!r}")
-    for name, low in (("num_noise_bins", 1), ("self_cond_passes", 1), ("t_tilt_steps", 0), ("noise_draws", 1)):
+    for name, low in (("num_noise_bins", 1), ("self_cond_passes", 1), ("t_tilt_steps", 0), ("noise_draws", 1),
+                      ("loss_chunk_tokens", 0)):
       if getattr(self, name) < low:
         raise ValueError(f"diffusion.{name} must be >= {low}, got {getattr(self, name)!r}")
 

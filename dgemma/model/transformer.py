@@ -117,8 +117,10 @@ class DiffusionGemma(nn.Module):
 
   def encode(self, tokens_BxT: Int[Array, "B T"], cache: KVCache,
              token_valid_BxT: Bool[Array, "B T"] | None = None, compute_logits: bool = True,
-             position_features: Int[Array, "L F"] | None = None):
-    """`position_features`: the model's [L, F] feature table when config.num_position_features > 0."""
+             position_features: Int[Array, "L F"] | None = None, return_hidden: bool = False):
+    """`position_features`: the model's [L, F] feature table when config.num_position_features > 0.
+    `return_hidden`: the final-norm hidden states [B, T, D] in place of the logits (`logits_from_hidden` turns
+    them into logits, e.g. a few tokens at a time in a chunked loss)."""
     features = self._features(position_features)
     b, t = tokens_BxT.shape
     if token_valid_BxT is None:
@@ -130,6 +132,8 @@ class DiffusionGemma(nn.Module):
     x = self.embedder.encode(tokens_BxT, positions, features)
     x, keys, values = self._layers(x, positions, masks_by_kind, cache, start, cache.slot_positions, features)
     new_cache = KVCache(keys=tuple(keys), values=tuple(values), valid=valid, end=start + t)
+    if return_hidden:
+      return x, new_cache
     logits = self.embedder.decode(x) if compute_logits else None
     return logits, new_cache
 
@@ -138,20 +142,29 @@ class DiffusionGemma(nn.Module):
               self_conditioning_mask: Bool[Array, "B"] | None = None,
               self_conditioning_probs: Float[Array, "B C V"] | None = None,
               self_conditioning_table: Array | None = None,
-              position_features: Int[Array, "L F"] | None = None) -> Float[Array, "B C V"]:
+              position_features: Int[Array, "L F"] | None = None,
+              self_conditioning_embeds: Float[Array, "B C D"] | None = None,
+              return_hidden: bool = False) -> Float[Array, "B C V"]:
     """`self_conditioning_probs`: softmax(self_conditioning_logits) instead of the logits, from a caller that
     computed it already (the sampler), which saves a vocabulary-wide softmax per step.
     `self_conditioning_table`: `embedding_table_transposed()`, built once outside a caller's loop, for the product
     of the self-conditioning probabilities with the embedding (`Embedder.encode_probs`).
-    `position_features`: as in `encode`."""
+    `position_features`: as in `encode`.
+    `self_conditioning_embeds`: the soft embedding itself (`soft_embeds` of a previous pass's logits), from a
+    caller that never held the [B, C, V] logits (a chunked loss). `return_hidden`: as in `encode`."""
     features = self._features(position_features)
-    if self_conditioning_logits is not None and self_conditioning_probs is not None:
-      raise ValueError("give self-conditioning logits or probabilities, not both")
+    given = [a is not None for a in (self_conditioning_logits, self_conditioning_probs, self_conditioning_embeds)]
+    if sum(given) > 1:
+      raise ValueError("give self-conditioning logits, probabilities or embeddings, not several")
     c = canvas_BxC.shape[1]
     positions = cache.end[:, None] + jnp.arange(c)[None, :]
     x = self.embedder.encode(canvas_BxC, positions, features)
-    if self_conditioning_logits is None and self_conditioning_probs is None:
+    if not any(given):
       soft = None  # "no signal": exactly HF's self_conditioning_logits=None
+    elif self_conditioning_embeds is not None:
+      soft = self_conditioning_embeds
+      if self_conditioning_mask is not None:
+        soft = soft * self_conditioning_mask[:, None, None].astype(soft.dtype)
     else:
       soft = (self.embedder.encode_soft(self_conditioning_logits, self_conditioning_table)
               if self_conditioning_probs is None
@@ -163,7 +176,16 @@ class DiffusionGemma(nn.Module):
                      for k in (LOCAL, GLOBAL)}
     x, _, _ = self._layers(x, positions, masks_by_kind, cache, None,
                            jnp.concatenate([cache.slot_positions, positions], axis=1), features)
-    return self.embedder.decode(x)
+    return x if return_hidden else self.embedder.decode(x)
+
+  def logits_from_hidden(self, x_BxTxD: Array) -> Float[Array, "B T V"]:
+    """The logits of final-norm hidden states (`return_hidden=True`): what `encode` and `denoise` return."""
+    return self.embedder.decode(x_BxTxD)
+
+  def soft_embeds(self, logits_BxTxV: Array) -> Array:
+    """The self-conditioning soft embedding of logits (before any row mask): what `denoise` makes of
+    `self_conditioning_logits`."""
+    return self.embedder.encode_soft(logits_BxTxV)
 
   def embedding_table_transposed(self) -> Array:
     return self.embedder.transposed_table()

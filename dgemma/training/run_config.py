@@ -23,7 +23,12 @@ MAY_CHANGE_ON_RESUME = (
     "model.remat", "model.attention_impl", "model.moe_impl",
     "mesh", "sharding_rules",  # (and every key under them: checkpoints restore onto any mesh or process count)
     "data.cache_dir",  # where generated data is cached, not what it is
+    "diffusion.loss_chunk_tokens",  # the same losses computed a chunk of tokens at a time (memory, not numbers)
 )
+
+
+# Keys added after some runs were saved, and the value their absence means (the behaviour of those runs).
+ABSENT_MEANS = {"grad_accum_steps": 1, "diffusion.loss_chunk_tokens": 0}
 
 
 # Config keys that name files or directories (compared as absolute paths).
@@ -63,7 +68,7 @@ def allowed_changes(config: Any) -> set[str]:
 
 def changed_keys(saved: dict, now: dict, allowed: set[str] = frozenset()) -> list[str]:
   """Flattened keys whose values differ between two JSON configs, less those that may change on resume."""
-  before, after = flatten(saved), flatten(now)
+  before, after = ABSENT_MEANS | flatten(saved), ABSENT_MEANS | flatten(now)
   free = set(MAY_CHANGE_ON_RESUME) | set(allowed)  # a key frees the keys under it too ("mesh": "mesh.data", ...)
   return sorted(k for k in set(before) | set(after)
                 if before.get(k, "<absent>") != after.get(k, "<absent>")
@@ -75,7 +80,7 @@ def check_resume(saved: dict, config: Any, workdir: str, step: int) -> None:
   now = to_json(config)
   changed = changed_keys(saved, now, allowed_changes(config))
   if changed:
-    before, after = flatten(saved), flatten(now)
+    before, after = ABSENT_MEANS | flatten(saved), ABSENT_MEANS | flatten(now)
     shown = ", ".join(f"{k}: {before.get(k, '<absent>')!r} -> {after.get(k, '<absent>')!r}" for k in changed[:4])
     more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
     raise ValueError(f"{workdir} holds a run with another config ({shown}{more}): resume with the same settings, "

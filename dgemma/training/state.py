@@ -90,10 +90,51 @@ def model_params(trainable, frozen, config: ModelConfig) -> dict:
   return jax.tree.map(lambda x: x.astype(config.param_dtype), trainable)
 
 
+def microbatches(batch: dict, k: int) -> dict:
+  """[B, ...] -> [k, B/k, ...]: microbatch i holds rows i, i + k, i + 2k, ... Strided, so that a batch split over
+  devices in contiguous blocks gives each device its share of every microbatch (no data moves between them)."""
+  def split(x):
+    if x.shape[0] % k:
+      raise ValueError(f"a batch of {x.shape[0]} rows does not split into grad_accum_steps={k} equal microbatches")
+    return jnp.swapaxes(x.reshape((x.shape[0] // k, k) + x.shape[1:]), 0, 1)
+  return jax.tree.map(split, batch)
+
+
+def microbatch_rng(rng: jax.Array, index: Any) -> jax.Array:
+  """The randomness of microbatch `index` of a step whose key is `rng`."""
+  return jax.random.fold_in(rng, index)
+
+
+def accumulate_gradients(grad_fn: Callable, trainable: Any, batch: dict, rng: jax.Array, k: int) -> tuple[Any, dict]:
+  """(mean gradient, metrics) over k microbatches, one after the other in a lax.scan (one microbatch's activations
+  live at a time). grad_fn(trainable, microbatch, rng) -> ((loss, metrics), grads), as jax.value_and_grad makes it.
+
+  The losses are means over rows, so with equal microbatches the mean of their gradients is the whole batch's
+  gradient (exactly so for a loss without randomness); each microbatch draws its own noise (`microbatch_rng`).
+  Metrics are averaged over microbatches, except sums and counts (`*_sum`, `*_count`), which add up."""
+  def body(carry, xs):
+    index, micro = xs
+    (_, metrics), grads = grad_fn(trainable, micro, microbatch_rng(rng, index))
+    grad_sum, metric_sum = carry
+    grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)
+    metric_sum = jax.tree.map(lambda a, m: a + m.astype(jnp.float32), metric_sum, metrics)
+    return (grad_sum, metric_sum), None
+
+  micro = microbatches(batch, k)
+  first = jax.tree.map(lambda x: x[0], micro)
+  (_, metric_shapes), _ = jax.eval_shape(grad_fn, trainable, first, rng)
+  zeros = lambda tree: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), tree)
+  (grad_sum, metric_sum), _ = jax.lax.scan(body, (zeros(trainable), zeros(metric_shapes)), (jnp.arange(k), micro))
+  grads = jax.tree.map(lambda g, p: (g / k).astype(p.dtype), grad_sum, trainable)
+  metrics = {name: value if name.endswith(("_sum", "_count")) else value / k for name, value in metric_sum.items()}
+  return grads, metrics
+
+
 def make_train_step(config: ModelConfig, objective_config: ObjectiveConfig,
                     tx: optax.GradientTransformation, seed: int, state_shardings: Any = None,
                     batch_sharding: jax.sharding.Sharding | None = None,
-                    ema_decays: tuple[float, ...] = (), position_features: Any = None) -> Callable:
+                    ema_decays: tuple[float, ...] = (), position_features: Any = None,
+                    grad_accum_steps: int = 1) -> Callable:
   """(state, batch) -> (state, metrics), jitted; the step's randomness is fold_in(key(seed), step), so a
   resumed run draws exactly the numbers an uninterrupted one would (and, JAX's random bits being
   partitionable, the same numbers on any mesh).
@@ -103,20 +144,30 @@ def make_train_step(config: ModelConfig, objective_config: ObjectiveConfig,
   come back replicated (readable on every process).
 
   `position_features`: the model's feature table (config.num_position_features > 0), a constant of the step.
+
+  `grad_accum_steps` = k > 1: one update from the mean gradient of k microbatches of B/k rows each
+  (`accumulate_gradients`), for a batch whose activations do not fit at once.
   """
   if not isinstance(objective_config, ObjectiveConfig):  # a config section: convert it where the config is read
     raise TypeError(f"make_train_step takes an ObjectiveConfig (ObjectiveConfig.from_config(c.diffusion)), "
                     f"got {type(objective_config).__name__}")
   features = position_features_lib.check(config, position_features)
 
+  if isinstance(grad_accum_steps, bool) or not isinstance(grad_accum_steps, int) or grad_accum_steps < 1:
+    raise ValueError(f"grad_accum_steps must be a positive integer, got {grad_accum_steps!r}")
+
   def step_fn(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     rng = jax.random.fold_in(jax.random.key(seed), state.step)
 
-    def loss(trainable):
+    def loss(trainable, batch, rng):
       return objective.loss_fn(model_params(trainable, state.frozen, config), config, objective_config, batch, rng,
                                 state.step, position_features=features)
 
-    (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(state.trainable)
+    grad_fn = jax.value_and_grad(loss, has_aux=True)
+    if grad_accum_steps == 1:
+      (_, metrics), grads = grad_fn(state.trainable, batch, rng)
+    else:
+      grads, metrics = accumulate_gradients(grad_fn, state.trainable, batch, rng, grad_accum_steps)
     updates, opt_state = tx.update(grads, state.opt_state, state.trainable)
     trainable = optax.apply_updates(state.trainable, updates)
     metrics["grad_norm"] = optax.tree.norm(grads)

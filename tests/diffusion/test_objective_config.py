@@ -18,7 +18,7 @@ def test_defaults_are_the_official_recipe():
   assert dataclasses.asdict(ObjectiveConfig()) == dict(
       schedule="linear", t_eps=1e-4, loss="flat_ce", num_noise_bins=10, diffusion_loss_weight=1.0,
       ar_loss_weight=1.0, ar_targets="all", self_cond_prob=0.5, self_cond_passes=1, t_tilt=0.0, t_tilt_steps=0,
-      noise_draws=1, ordered_noise_prob=0.0)
+      noise_draws=1, ordered_noise_prob=0.0, loss_chunk_tokens=0)
   hash(ObjectiveConfig())  # jit closes over it
   with pytest.raises(dataclasses.FrozenInstanceError):
     ObjectiveConfig().t_eps = 0.1
@@ -44,6 +44,8 @@ def test_defaults_are_the_official_recipe():
     (dict(t_tilt_steps=-1), "diffusion.t_tilt_steps must be >= 0"),
     (dict(t_tilt_steps=True), "diffusion.t_tilt_steps must be an integer"),
     (dict(self_cond_prob="0.5"), "diffusion.self_cond_prob must be a finite number"),
+    (dict(loss_chunk_tokens=-1), "diffusion.loss_chunk_tokens must be >= 0"),
+    (dict(loss_chunk_tokens=2.5), "diffusion.loss_chunk_tokens must be an integer"),
 ])
 def test_bad_knobs_are_refused_in_one_line(knobs, match):
   with pytest.raises(ValueError, match=match) as e:

@@ -58,7 +58,8 @@ def run_steps(c: ml_collections.ConfigDict):
                            mesh=mesh, rules=rules)
   step_fn = state_lib.make_train_step(config, ObjectiveConfig.from_config(c.diffusion), tx, c.seed,
                                       jax.tree.map(lambda x: x.sharding, state),
-                                      sharding.batch_sharding(mesh, rules, c.batch_size))
+                                      sharding.batch_sharding(mesh, rules, c.batch_size),
+                                      grad_accum_steps=c.get("grad_accum_steps", 1))
   losses = []
   for _ in range(c.num_train_steps):
     batch = next(data_iter)

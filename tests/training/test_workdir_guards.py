@@ -80,6 +80,17 @@ def test_allow_changes_lets_named_keys_change():
     run_config.check_resume(saved, _config(seed=7, batch_size=8, allow_changes="seed"), "w", 6)
 
 
+def test_knobs_added_later_resume_runs_saved_without_them():
+  """A run saved before grad_accum_steps and diffusion.loss_chunk_tokens existed ran with 1 and 0: the same values
+  resume it; another accumulation is a change (other noise draws); another loss chunk is not (the same numbers)."""
+  saved = run_config.to_json(_config())
+  run_config.check_resume(saved, _config(grad_accum_steps=1, diffusion=ml_collections.ConfigDict(
+      dict(loss_chunk_tokens=0))), "w", 6)
+  run_config.check_resume(saved, _config(diffusion=ml_collections.ConfigDict(dict(loss_chunk_tokens=4096))), "w", 6)
+  with pytest.raises(ValueError, match=r"grad_accum_steps: 1 -> 2"):
+    run_config.check_resume(saved, _config(grad_accum_steps=2), "w", 6)
+
+
 def test_fewer_steps_than_reached_is_refused():
   saved = run_config.to_json(_config())
   with pytest.raises(ValueError, match="already at step 6, past num_train_steps=3"):
