@@ -109,12 +109,12 @@ class TextTokenizer:
   def encode(self, prompt, chat: bool) -> list[int]:
     from dgemma.tasks.text import chat as chat_lib
     turns = prompt if isinstance(prompt, tuple) else (chat_lib.Turn("user", prompt),)
+    chat_lib.check(turns, need_response=False)
     if self.hf is not None:
       if chat:
         ids = self.hf.apply_chat_template([{"role": t.role, "content": t.content} for t in turns],
                                           add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-      chat_lib.check(turns, need_response=False)
       if len(turns) != 1:
         raise ValueError("a conversation of several turns needs the chat template (not --chat=off)")
       return list(self.hf(turns[0].content)["input_ids"])

@@ -84,6 +84,9 @@ def for_checkpoint(config, metadata: dict, ckpt_path: str | None = None) -> Task
 
 def export_files(config, metadata: dict, ckpt_path: str, directory: str) -> dict:
   """A checkpoint's metadata for a copy of it written to `directory` (by scripts that derive one model from
-  another): the task's files (a tokenizer) written there too, named relative to it. Unchanged without a task."""
+  another): the task's files (a tokenizer) written there too, named relative to it. Unchanged without a task, or
+  for a task not registered here (whose files this code cannot know: the copy keeps its metadata as it is)."""
+  if name_of(metadata) not in _REGISTRY:
+    return metadata
   task = for_checkpoint(config, metadata, ckpt_path)
   return metadata if task is None else {**metadata, "task": task.export_files(directory)}
