@@ -5,11 +5,15 @@
   python sample.py --ckpt=TASK_CKPT --prompt=530070000600195000098000060800060003400803001700020006060000280000419005000080079
   python sample.py --ckpt=TASK_CKPT --prompt=... --steps=8 --samples=16   # answer: the first draw the task accepts
   python sample.py --ckpt=PATH --prompts_file=prompts.txt --show_steps --show_steps_html=steps.html
+  python sample.py --ckpt=PATH --prompt="Why is the sky blue?" --stream   # watch the canvas converge live
+  python sample.py --ckpt=PATH --prompts_file=in.jsonl --output=out.jsonl --batch_size=8
 
 PATH is one of our checkpoints (dgemma.json), an HF DiffusionGemma directory or a training workdir. Text goes
 through the checkpoint's tokenizer (its chat template for instruction models, see --chat); a checkpoint trained
 on a task (dgemma/tasks, named in its metadata) takes the task's prompts and shows its answers. Every sampler knob
-has a flag; the defaults are the released model's.
+has a flag; the defaults are the released model's. A prompts file named *.jsonl holds one JSON object per line
+({"prompt": ...} or {"messages": [...]}) and gives one JSON line per prompt (prompt, completion, tokens, steps),
+to --output or, without it, to stdout (the summary then goes to stderr); --output works with any prompts.
 """
 
 from __future__ import annotations
@@ -31,9 +35,17 @@ flags.DEFINE_string("ckpt", None, "Checkpoint: our format, an HF directory, or a
 flags.DEFINE_string("prompt", None, "A text prompt, or an input in the task's format for task models.", **_D)
 flags.DEFINE_string("prompt_ids", None, "Token ids instead of text, comma-separated; ';' separates prompts.",
                     **_D)
-flags.DEFINE_string("prompts_file", None, "A file with one prompt (or task input) per line, run as one batch.", **_D)
+flags.DEFINE_string("prompts_file", None, "A file with one prompt (or task input) per line; *.jsonl: one JSON "
+                    "object per line, {\"prompt\": ...} or {\"messages\": [...]}.", **_D)
+flags.DEFINE_string("output", None, "Write one JSON line per prompt here (prompt, completion, tokens, steps).", **_D)
+flags.DEFINE_integer("batch_size", 0, "Prompts (rows) per batch, one compiled program for all batches; 0: all "
+                     "in one batch. A prompt's sample does not depend on it.", **_D)
 flags.DEFINE_enum("chat", "auto", ["auto", "on", "off"],
-                  "Wrap text prompts in the tokenizer's chat template (auto: when it has one).", **_D)
+                  "Wrap text prompts in the chat template: a text checkpoint's recorded one (Gemma 3 or 4), else "
+                  "the tokenizer's (auto: when there is one; on: an error without one; off: plain BOS + prompt).",
+                  **_D)
+flags.DEFINE_bool("stream", False, "Show the canvas converging live while it is sampled (on stderr; a host "
+                  "callback compiled into the sampling loop only with this flag).", **_D)
 # One flag per sampler knob (--steps, --t_max, ...; dgemma/sampling/flags.py), unset by default: a knob left unset
 # takes the checkpoint's recorded default, else SamplerConfig's (in brackets). --show_steps* ask for the trajectory.
 sampler_flags.define(FLAGS, skip=("return_trajectory",))
@@ -63,13 +75,16 @@ class TextTokenizer:
   """The checkpoint's tokenizer for text prompts.
 
   transformers' AutoTokenizer where the checkpoint has a tokenizer_config.json (that is where HF keeps the
-  chat template); otherwise the project's tokenizer (`dgemma.data.tokenizer`: tokenizer.json or SentencePiece)
-  with BOS first and, as chat template, Gemma's turn format when the vocabulary has `<|turn>` (spec §8).
+  chat template); otherwise the project's tokenizer (`dgemma.data.tokenizer`: tokenizer.json, SentencePiece or
+  GGUF) with BOS first and, as chat template, Gemma 4's or Gemma 3's by the turn markers the vocabulary has
+  (dgemma/tasks/text/chat.py). A prompt is text (one user turn) or a conversation (`chat.Turn`s).
   """
 
   def __init__(self, path: str):
     from dgemma.data.tokenizer import load_tokenizer
+    from dgemma.tasks.text import chat
     self.hf = self.base = self._pieces = None
+    self.template = "none"
     if os.path.exists(os.path.join(path, "tokenizer_config.json")):
       try:
         from transformers import AutoTokenizer
@@ -78,6 +93,7 @@ class TextTokenizer:
         pass
     if self.hf is None:
       self.base = load_tokenizer(path)
+      self.template = chat.resolve("auto", self.base)
       if self.base.path.endswith(".json"):  # token strings for the step-by-step display
         import tokenizers
         self._pieces = tokenizers.Tokenizer.from_file(self.base.path)
@@ -88,18 +104,21 @@ class TextTokenizer:
   def chat_template(self) -> bool:
     if self.hf is not None:
       return bool(getattr(self.hf, "chat_template", None))
-    return self.base.has_token("<|turn>")
+    return self.template != "none"
 
-  def encode(self, text: str, chat: bool) -> list[int]:
+  def encode(self, prompt, chat: bool) -> list[int]:
+    from dgemma.tasks.text import chat as chat_lib
+    turns = prompt if isinstance(prompt, tuple) else (chat_lib.Turn("user", prompt),)
+    chat_lib.check(turns, need_response=False)
     if self.hf is not None:
       if chat:
-        ids = self.hf.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                          tokenize=True)
+        ids = self.hf.apply_chat_template([{"role": t.role, "content": t.content} for t in turns],
+                                          add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-      return list(self.hf(text)["input_ids"])
-    if chat:
-      text = f"<|turn>user\n{text}<turn|>\n<|turn>model\n"
-    return self.base.encode(text, add_bos=True)
+      if len(turns) != 1:
+        raise ValueError("a conversation of several turns needs the chat template (not --chat=off)")
+      return list(self.hf(turns[0].content)["input_ids"])
+    return chat_lib.encode_prompt(self.template if chat else "none", turns, self.base)
 
   def decode(self, ids: list[int]) -> str:
     if self.hf is not None:
@@ -143,8 +162,13 @@ def _int_list(text: str, what: str) -> list[int]:
   return values
 
 
-def _prompts() -> tuple[list[str], list[str]]:
-  """(prompts, where each comes from: "" for a flag, "FILE: line N: " for a line of --prompts_file)."""
+def _jsonl_prompts() -> bool:
+  return FLAGS.prompts_file is not None and FLAGS.prompts_file.endswith(".jsonl")
+
+
+def _prompts() -> tuple[list, list[str]]:
+  """(prompts, where each comes from: "" for a flag, "FILE: line N: " for a line of --prompts_file). A prompt is
+  a string, or for a *.jsonl file a `prompt_file.Prompt`."""
   given = [n for n in ("prompt", "prompt_ids", "prompts_file") if FLAGS[n].value is not None]
   if len(given) != 1:
     raise ValueError("give exactly one of --prompt, --prompt_ids or --prompts_file")
@@ -157,6 +181,10 @@ def _prompts() -> tuple[list[str], list[str]]:
     return prompts, [f"--prompt_ids prompt {i}: " for i in range(1, len(prompts) + 1)]
   if not os.path.isfile(FLAGS.prompts_file):
     raise ValueError(f"prompts file {FLAGS.prompts_file} does not exist")
+  if _jsonl_prompts():
+    from dgemma.tasks.text import prompt_file
+    records = prompt_file.read(FLAGS.prompts_file)
+    return records, [f"{r.where}: " for r in records]
   try:
     with open(FLAGS.prompts_file, encoding="utf-8") as f:
       numbered = [(n, line.rstrip("\n")) for n, line in enumerate(f, 1) if line.strip()]
@@ -167,10 +195,25 @@ def _prompts() -> tuple[list[str], list[str]]:
   return [line for _, line in numbered], [f"{FLAGS.prompts_file}: line {n}: " for n, _ in numbered]
 
 
-def _parsed(task, prompt: str, where: str):
-  """The task's input for one prompt; a refusal names the prompt's line of --prompts_file."""
+def _parsed(task, prompt, where: str):
+  """The task's input for one prompt (a conversation: the turns, for a text checkpoint); a refusal names the
+  prompt's line of --prompts_file."""
+  import numpy as np
+  if getattr(prompt, "messages", None) is not None:
+    if task.name != "text":
+      raise ValueError(f"{where}\"messages\" needs a language model, not a {task.title} checkpoint")
+    conversation = np.empty((), object)
+    conversation[()] = prompt.messages
+    return conversation
   try:
-    return task.parse_prompt(prompt)
+    return task.parse_prompt(getattr(prompt, "text", prompt))
+  except ValueError as e:
+    raise ValueError(f"{where}{e}") from None
+
+
+def _encoded(encode, item, where: str):
+  try:
+    return encode(item)
   except ValueError as e:
     raise ValueError(f"{where}{e}") from None
 
@@ -205,20 +248,22 @@ def _pad_batch(rows: list[list[int]], pad_id: int):
 
 def run() -> int:
   import jax
-  import jax.numpy as jnp
   import numpy as np
 
   from dgemma import sharding, tasks
-  from dgemma.sampling import display
+  from dgemma.sampling import batches, display, streaming
   from dgemma.sampling.generate import compile_generate
 
   if not FLAGS.ckpt:
     raise ValueError("--ckpt is required")
   # Several processes (cluster launcher or flags): join JAX's multi-controller runtime before touching devices.
   sharding.maybe_initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-  say = print if jax.process_index() == 0 else (lambda *a, **k: None)  # only process 0 talks
+  lead = jax.process_index() == 0
   prompts, sources = _prompts()
-  for flag in ("show_steps_html", "show_steps_gif"):  # checked now: a bad path would fail only after the run
+  jsonl_to_stdout = _jsonl_prompts() and not FLAGS.output  # then stdout is the JSON lines, the rest stderr
+  say = (lambda *a, **k: print(*a, **k, file=sys.stderr if jsonl_to_stdout else sys.stdout)) if lead else \
+      (lambda *a, **k: None)  # only process 0 talks
+  for flag in ("show_steps_html", "show_steps_gif", "output"):  # checked now: a bad path would fail only after the run
     if FLAGS[flag].value:
       cli.check_output_path(FLAGS[flag].value, f"--{flag}")
   if FLAGS.show_steps_gif:
@@ -232,6 +277,7 @@ def run() -> int:
   if FLAGS.moe_impl is not None:  # how the experts are computed, not what: any checkpoint takes any choice
     config = config.replace(moe_impl=FLAGS.moe_impl)
   if FLAGS.matmul_dtype:  # bf16 -> float32 is exact, so the matmuls see the checkpoint's own bf16 weights
+    import jax.numpy as jnp
     params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
     config = config.replace(param_dtype="float32", matmul_dtype=FLAGS.matmul_dtype)
   tokenizer = None
@@ -245,9 +291,15 @@ def run() -> int:
     fixed = [f"--{n}" for n in task.fixed_sampler_flags if FLAGS[n].present]
     if fixed:
       raise ValueError(f"{', '.join(fixed)} cannot be set for a {task.title} checkpoint: the task sets them")
+    if FLAGS.chat != "auto":
+      if not hasattr(task, "with_chat"):
+        raise ValueError(f"--chat is for language models; a {task.title} checkpoint takes the task's inputs")
+      task = task.with_chat(FLAGS.chat, FLAGS.ckpt)
     inputs = np.stack([_parsed(task, p, where) for p, where in zip(prompts, sources)])
     config, sampler = task.config, task.sampler(sampler)
-    tokens, valid = task.encode(np.repeat(inputs, draws, axis=0))
+    encoded = [_encoded(task.encode, inputs[i:i + 1], where) for i, where in enumerate(sources)]
+    tokens = np.repeat(np.concatenate([t for t, _ in encoded]), draws, axis=0)
+    valid = np.repeat(np.concatenate([v for _, v in encoded]), draws, axis=0)
   else:
     if draws > 1:
       raise ValueError("--samples > 1 needs a task checkpoint: the choice between draws is the task's check of "
@@ -262,50 +314,70 @@ def run() -> int:
       chat = FLAGS.chat == "on" or (FLAGS.chat == "auto" and tokenizer.chat_template)
       if chat and not tokenizer.chat_template:
         raise ValueError(f"--chat=on but the tokenizer of {FLAGS.ckpt} has no chat template")
-      rows = [tokenizer.encode(p, chat) for p in prompts]
+      rows = [_encoded(lambda p: tokenizer.encode(getattr(p, "messages", None) or getattr(p, "text", p), chat),
+                       p, where) for p, where in zip(prompts, sources)]
     tokens, valid = _pad_batch(rows, config.pad_id)
   if not 0 <= FLAGS.show_row < len(prompts):
     raise ValueError(f"--show_row={FLAGS.show_row} but there are {len(prompts)} prompts")
 
   key = jax.random.key(cli.check_seed(FLAGS.seed))
+  keys = batches.row_keys(key, tokens.shape[0])  # row r: fold_in(key, r), whatever the batch size
+  spans = batches.spans(tokens.shape[0], FLAGS.batch_size)
+  size = spans[0][1] - spans[0][0]
+  resolved = sampler.resolve(config)
+  c = resolved.canvas_length
+  watched = FLAGS.show_row * draws  # the row --stream and the step-by-step views show
+  live = None
+  if FLAGS.stream and lead:
+    token_text = (task.token_text if task is not None else tokenizer.piece if tokenizer is not None
+                  else (lambda t: f"{t} "))
+    live = streaming.LiveCanvas(token_text, resolved.num_canvases(c), resolved.max_denoising_steps)
   # The weights live on a mesh over all devices of all processes, sharded by the default rules.
   mesh = sharding.make_mesh()
   params = sharding.put(params, sharding.tree_shardings(params, mesh))
-  sample, compile_s = compile_generate(params, config, tokens, valid, key, sampler,
+  sample, compile_s = compile_generate(params, config, tokens[:size], valid[:size], keys[:size], sampler,
                                        max_cache_len=FLAGS.max_cache_len,
-                                       position_features=metadata.get("position_features"))
+                                       position_features=metadata.get("position_features"), on_step=live)
   start = time.perf_counter()
-  out = sharding.to_host(jax.block_until_ready(sample(tokens, valid, key)))
+  out = batches.run(sample, tokens, valid, keys, FLAGS.batch_size, to_host=sharding.to_host,
+                    before_batch=live and (lambda a, b: live.reset(watched - a if a <= watched < b else None)))
   seconds = time.perf_counter() - start
 
-  resolved = sampler.resolve(config)
-  c = resolved.canvas_length
   generated = np.asarray(out.tokens)
   steps = np.asarray(out.steps_per_canvas)
   answer_rows = np.arange(len(prompts)) * draws  # the batch row answering each prompt
+  records = []  # the JSON lines
   for row in range(len(prompts)):
     say(f"=== prompt {row + 1}/{len(prompts)}")
     if task is not None:
-      rows = slice(row * draws, (row + 1) * draws)
-      answers = task.decode(generated[rows])
+      draw_rows = slice(row * draws, (row + 1) * draws)
+      answers = task.decode(generated[draw_rows])
       first_valid = task.first_valid(inputs[row], answers)
       chosen = 0 if first_valid is None else first_valid
       answer_rows[row] += chosen
-      say(task.show(inputs[row], answers[chosen]))
+      completion = task.show(inputs[row], answers[chosen])
+      say(completion)
       if draws > 1:
-        draw_steps = steps[rows, 0]
+        draw_steps = steps[draw_rows, 0]
         if first_valid is None:
           say(f"none of {draws} draws obeys the rules; showing the first ({int(draw_steps.sum())} steps in all)")
         else:
           say(f"draw {chosen + 1} of {draws} is the first that obeys the rules; one draw after another that is "
               f"{int(draw_steps[:chosen + 1].sum())} steps (all {draws}: {int(draw_steps.sum())})")
     else:
-      ids = generated[row].tolist()
-      stops = [i for i, t in enumerate(ids) if t in resolved.stop_ids]
-      ids = ids[:stops[0]] if stops else ids
-      ids = [t for t in ids if t != config.pad_id]
-      say(tokenizer.decode(ids) if tokenizer is not None else ",".join(str(t) for t in ids))
-    say(f"steps per canvas: {[int(s) for s in steps[answer_rows[row]] if s]}")
+      completion = None
+    ids = generated[answer_rows[row]].tolist()
+    stops = [i for i, t in enumerate(ids) if t in resolved.stop_ids]
+    ids = [t for t in (ids[:stops[0]] if stops else ids) if t != config.pad_id]  # what the completion is
+    if task is None:
+      completion = tokenizer.decode(ids) if tokenizer is not None else ",".join(str(t) for t in ids)
+      say(completion)
+    run_steps = [int(s) for s in steps[answer_rows[row]] if s]
+    say(f"steps per canvas: {run_steps}")
+    given = prompts[row]
+    records.append({**(given.as_json() if hasattr(given, "as_json") else
+                       {"prompt_ids": rows[row]} if FLAGS.prompt_ids is not None else {"prompt": given}),
+                    "completion": completion, "tokens": ids, "steps": run_steps})
 
   num_tokens = int((generated != config.pad_id).sum())
   canvases_run = int((steps > 0).any(axis=0).sum())
@@ -317,9 +389,14 @@ def run() -> int:
         f"tokens per forward pass {float(np.mean(np.asarray(out.tokens_per_forward))):.2f} · "
         f"denoiser passes per {'draw' if draws > 1 else 'row'} {passes.tolist()}")
   say(f"--- time {seconds:.2f} s (+ compile {compile_s:.1f} s) · {num_tokens} tokens · "
-        f"{num_tokens / max(seconds, 1e-9):.1f} tokens/s")
+        f"{num_tokens / max(seconds, 1e-9):.1f} tokens/s"
+        + (f" · {len(spans)} batches of {size}" if len(spans) > 1 else ""))
+  if lead and (FLAGS.output or jsonl_to_stdout):
+    _write_jsonl(FLAGS.output, records)
+    if FLAGS.output:
+      say(f"wrote {FLAGS.output} ({len(records)} lines)")
 
-  if out.trajectory is not None and jax.process_index() == 0:  # views and files: process 0 only
+  if out.trajectory is not None and lead:  # views and files: process 0 only
     row = int(answer_rows[FLAGS.show_row])  # for --samples: the answering draw
     if task is not None:
       frames = task.frames(np.asarray(out.trajectory)[row, 0], steps[row, 0])
@@ -336,6 +413,18 @@ def run() -> int:
       display.write_gif(FLAGS.show_steps_gif, frames, delay=max(FLAGS.show_steps_delay, 0.02))
       say(f"wrote {FLAGS.show_steps_gif} ({len(frames)} frames)")
   return 0
+
+
+def _write_jsonl(path: str | None, records: list[dict]) -> None:
+  """One JSON object per line, to `path` or (None) stdout."""
+  import json
+  lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+  if path is None:
+    sys.stdout.write(lines)
+    sys.stdout.flush()
+    return
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(lines)
 
 
 def main(argv: list[str]) -> int:

@@ -272,9 +272,11 @@ def train(c: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None =
   if stop_at_step is None:  # every process takes part in gathering the shards; process 0 writes
     for suffix, trainable in weight_sets():
       final = sharding.to_host(state_lib.model_params(trainable, state.frozen, config))
-      if lead:
-        checkpoints.save_model(os.path.join(workdir, f"model{suffix}"), config, final,
-                               {**task_metadata, "train_config": train_config, "code_version": code_version})
+      if lead:  # the task's files (a tokenizer) travel with the model, named relative to its directory
+        model_dir = os.path.join(workdir, f"model{suffix}")
+        checkpoints.save_model(model_dir, config, final,
+                               {**task_metadata, "task": task.export_files(model_dir), "train_config": train_config,
+                                "code_version": code_version})
         say(f"Saved the final model{' (moving average, decay ' + suffix[4:] + ')' if suffix else ''} to "
             f"{os.path.join(workdir, 'model' + suffix)}", flush=True)
   return last_scalars

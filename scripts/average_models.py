@@ -30,7 +30,7 @@ def run() -> int:
   import jax
   import jax.numpy as jnp
 
-  from dgemma import checkpoints, loading
+  from dgemma import checkpoints, loading, tasks
   if not FLAGS.ckpt or len(FLAGS.ckpt) < 2 or not FLAGS.out:
     raise ValueError("--ckpt needs two or more checkpoints and --out is required")
   config, total, metadata = loading.load_model(FLAGS.ckpt[0])
@@ -42,6 +42,7 @@ def run() -> int:
       raise ValueError(f"{path} is a different model from {FLAGS.ckpt[0]} (their configs differ); only checkpoints "
                        "of one model can be averaged")
     total = jax.tree.map(lambda t, p: t + p.astype(jnp.float32), total, params)
+  metadata = tasks.export_files(config, metadata, FLAGS.ckpt[0], FLAGS.out)  # (its tokenizer file, if any)
   average = jax.tree.map(lambda t, d: (t / len(FLAGS.ckpt)).astype(d), total, dtypes)
   checkpoints.save_model(FLAGS.out, config, average,
                          {**metadata, "averaged_from": [os.path.abspath(p) for p in FLAGS.ckpt]})

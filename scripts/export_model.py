@@ -25,7 +25,7 @@ flags.DEFINE_string("out", None, "Output directory (our inference checkpoint).",
 
 
 def run() -> int:
-  from dgemma import checkpoints
+  from dgemma import checkpoints, tasks
   from dgemma.training import checkpointing
   if not FLAGS.workdir or not FLAGS.out:
     raise ValueError("--workdir and --out are required")
@@ -35,6 +35,7 @@ def run() -> int:
   if FLAGS.step is not None and FLAGS.step not in saved:
     raise ValueError(f"{FLAGS.workdir} has no checkpoint at step {FLAGS.step} (saved: {saved or 'none'})")
   config, params, metadata = checkpointing.load_inference(FLAGS.workdir, FLAGS.step, FLAGS.ema)
+  metadata = tasks.export_files(config, metadata, FLAGS.workdir, FLAGS.out)  # (its tokenizer file, if any)
   checkpoints.save_model(FLAGS.out, config, params, metadata)
   which = f"moving average (decay {FLAGS.ema:g})" if FLAGS.ema is not None else "weights"
   print(f"wrote the {which} of {FLAGS.workdir} at step {FLAGS.step or max(saved)} to {FLAGS.out}")

@@ -27,7 +27,7 @@ flags.DEFINE_list("insert_after", None, "0-based layers to insert a copy after (
 
 
 def run() -> int:
-  from dgemma import checkpoints, grow, loading
+  from dgemma import checkpoints, grow, loading, tasks
   if not FLAGS.ckpt or not FLAGS.out:
     raise ValueError("--ckpt and --out are required")
   config, params, metadata = loading.load_model(FLAGS.ckpt)
@@ -36,6 +36,7 @@ def run() -> int:
                     else list(range(config.num_layers)))
   except ValueError:
     raise ValueError(f"--insert_after must be comma-separated layer indices, got {','.join(FLAGS.insert_after)}")
+  metadata = tasks.export_files(config, metadata, FLAGS.ckpt, FLAGS.out)  # (its tokenizer file, if any)
   grown_config, grown_params = grow.grow_depth(config, params, insert_after)
   checkpoints.save_model(FLAGS.out, grown_config, grown_params,
                          {**metadata, "grown_from": os.path.abspath(FLAGS.ckpt), "inserted_after": insert_after})

@@ -28,7 +28,7 @@ def main(argv):
     raise app.UsageError("--config is required, e.g. --config=configs/sft_sudoku.py")
   config = model_config(c.model_preset, c.model.to_dict())
   params = model.init_params(config, jax.random.key(c.seed))
-  task = {"task": tasks.for_config(c, config).metadata}
+  task = {"task": tasks.for_config(c, config).export_files(_OUT.value)}  # (with its tokenizer file, if any)
   task.update(sampling_metadata(c))  # as train.py records it: the untrained row of a table is sampled alike
   checkpoints.save_model(_OUT.value, config, params, task)
   print(f"wrote an untrained {config.num_layers}-layer model to {_OUT.value}")

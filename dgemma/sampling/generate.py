@@ -85,10 +85,11 @@ class _Denoiser:
   carried_dtype: jnp.dtype
   sc_table: Array | None  # E.T for the probabilities' product, taken once: the step reads it in place
   position_features: Array | None  # the model's feature table (config.num_position_features > 0)
+  on_step: Callable | None = None  # a host callback after every step (streaming.py); None: not in the program
 
   @classmethod
   def make(cls, params: dict, config: ModelConfig, sampler: SamplerConfig,
-           position_features: Array | None = None) -> "_Denoiser":
+           position_features: Array | None = None, on_step: Callable | None = None) -> "_Denoiser":
     variables = {"params": params}
     sc_dtype = jnp.dtype(config.param_dtype)
     sc_probs = sampler.self_conditioning and signal_is_probabilities(config)
@@ -96,7 +97,7 @@ class _Denoiser:
                 if sc_probs else None)
     return cls(config=config, sampler=sampler, variables=variables, sc_probs=sc_probs, sc_dtype=sc_dtype,
                carried_dtype=jnp.bfloat16 if sc_probs and config.matmul_dtype == "bfloat16" else sc_dtype,
-               sc_table=sc_table, position_features=position_features)
+               sc_table=sc_table, position_features=position_features, on_step=on_step)
 
   def encode(self, tokens: Array, cache: KVCache, valid: Array | None) -> KVCache:
     return DiffusionGemma(self.config).apply(self.variables, tokens, cache, valid, False, self.position_features,
@@ -175,6 +176,8 @@ def _step(d: _Denoiser, cv: _Canvas, st: _StepState) -> _StepState:
   if s.adaptive_stopping:
     stop, history = stopping.stable_and_confident(history, argmax, stats.entropy, s.confidence_threshold)
     finished = finished | stop
+  if d.on_step is not None:  # (ordered: the host sees the steps in the order they ran)
+    jax.debug.callback(d.on_step, cv.index, st.step, argmax, ~st.finished, ordered=True)
   trajectory = st.trajectory
   if s.return_trajectory:
     ran = jnp.where(frozen, -1, argmax)  # -1 for rows that had stopped before this step
@@ -256,12 +259,12 @@ def _next_canvas(d: _Denoiser, row_keys_B: jax.Array, initial_BxNxC: Array | Non
       trajectory=jax.lax.dynamic_update_slice(st.trajectory, trajectory[:, None], (0, st.index, 0, 0)))
 
 
-@functools.partial(jax.jit, static_argnames=("config", "sampler", "cache_len"))
+@functools.partial(jax.jit, static_argnames=("config", "sampler", "cache_len", "on_step"))
 def _generate(params: dict, prompt_BxP: Array, valid_BxP: Array, rng: Array,
               initial_BxNxC: Array | None, position_features: Array | None, *, config: ModelConfig,
-              sampler: SamplerConfig, cache_len: int) -> GenerateOutput:
+              sampler: SamplerConfig, cache_len: int, on_step: Callable | None = None) -> GenerateOutput:
   """Prefills the prompt, then runs the canvas loop until every row has stopped or the canvases run out."""
-  d = _Denoiser.make(params, config, sampler, position_features)
+  d = _Denoiser.make(params, config, sampler, position_features, on_step)
   b, p = prompt_BxP.shape
   c = sampler.canvas_length
   n_canvases = sampler.num_canvases(c)
@@ -287,7 +290,8 @@ def _check_ids(name: str, ids: np.ndarray, vocab_size: int) -> None:
 
 
 def _prepare(config: ModelConfig, sampler_config: SamplerConfig, prompt_tokens, prompt_valid, rng,
-             initial_canvases, max_cache_len: int | None, position_features=None) -> tuple[tuple, dict]:
+             initial_canvases, max_cache_len: int | None, position_features=None,
+             on_step: Callable | None = None) -> tuple[tuple, dict]:
   """Checks the inputs on the host; returns the jitted function's (array args, static args)."""
   sampler = sampler_config.resolve(config)
   prompt = np.asarray(prompt_tokens)
@@ -320,7 +324,7 @@ def _prepare(config: ModelConfig, sampler_config: SamplerConfig, prompt_tokens, 
   # Slots for the prompt and every canvas but the last, which is never committed: a denoising step attends over
   # every slot of the cache it is given (the mask hides the unwritten ones), so a slot that is never written would
   # be work for nothing in every bucket.
-  return args, dict(config=config, sampler=sampler, cache_len=p + (n - 1) * c)
+  return args, dict(config=config, sampler=sampler, cache_len=p + (n - 1) * c, on_step=on_step)
 
 
 def generate(params: dict, config: ModelConfig, prompt_tokens: Int[Array, "B P"],
@@ -328,7 +332,8 @@ def generate(params: dict, config: ModelConfig, prompt_tokens: Int[Array, "B P"]
              sampler_config: SamplerConfig = SamplerConfig(), *,
              initial_canvases: Int[Array, "B N C"] | None = None,
              max_cache_len: int | None = None,
-             position_features: Int[Array, "L F"] | None = None) -> GenerateOutput:
+             position_features: Int[Array, "L F"] | None = None,
+             on_step: Callable | None = None) -> GenerateOutput:
   """Generates after padded prompts, right or left (`prompt_valid` False on pads; None: all valid).
 
   `rng` is one key (row b uses fold_in(rng, b)) or one key per row. `initial_canvases` replaces the uniform
@@ -337,9 +342,12 @@ def generate(params: dict, config: ModelConfig, prompt_tokens: Int[Array, "B P"]
   `max_cache_len` makes a prompt that does not fit fail with a clear error.
   `position_features`: the model's feature table, when config.num_position_features > 0 (a checkpoint's
   metadata["position_features"]).
+  `on_step(canvas_index, step, argmax_BxC, ran_B)` (numpy arrays; ran_B: the rows that ran this step, not
+  stopped before it) is called on the host after every denoising step, from inside the compiled loop
+  (jax.debug.callback; dgemma/sampling/streaming.py shows the canvas live with it). It is part of the program only when given: None compiles the program without it.
   """
   args, static = _prepare(config, sampler_config, prompt_tokens, prompt_valid, rng, initial_canvases,
-                          max_cache_len, position_features)
+                          max_cache_len, position_features, on_step)
   return _generate(params, *args, **static)
 
 
@@ -347,19 +355,21 @@ def compile_generate(params: dict, config: ModelConfig, prompt_tokens: Int[Array
                      prompt_valid: Bool[Array, "B P"] | None, rng: jax.Array,
                      sampler_config: SamplerConfig = SamplerConfig(), *,
                      max_cache_len: int | None = None,
-                     position_features: Int[Array, "L F"] | None = None
+                     position_features: Int[Array, "L F"] | None = None,
+                     on_step: Callable | None = None
                      ) -> tuple[Callable[..., GenerateOutput], float]:
   """Ahead-of-time compilation for inputs shaped like these: (run, compile seconds), so that callers can
-  report compile time apart. `run(prompt_tokens, prompt_valid, rng)` takes inputs of the same shapes."""
+  report compile time apart. `run(prompt_tokens, prompt_valid, rng)` takes inputs of the same shapes.
+  `on_step`: as for `generate`."""
   args, static = _prepare(config, sampler_config, prompt_tokens, prompt_valid, rng, None, max_cache_len,
-                          position_features)
+                          position_features, on_step)
   start = time.perf_counter()
   compiled = _generate.lower(params, *args, **static).compile()
   seconds = time.perf_counter() - start
 
   def run(prompt_tokens, prompt_valid, rng) -> GenerateOutput:
     new_args, new_static = _prepare(config, sampler_config, prompt_tokens, prompt_valid, rng, None,
-                                    max_cache_len, position_features)
+                                    max_cache_len, position_features, on_step)
     if new_static != static:
       raise ValueError("inputs differ in shape from the ones this sampler was compiled for")
     return compiled(params, *new_args)

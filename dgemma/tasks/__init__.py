@@ -18,7 +18,8 @@ _REGISTRY: dict[str, Any] = {
     "text": "dgemma.tasks.text.task:TextTask",
 }
 
-__all__ = ["Task", "Evaluator", "register", "names", "get", "for_config", "for_checkpoint", "name_of"]
+__all__ = ["Task", "Evaluator", "register", "names", "get", "for_config", "for_checkpoint", "name_of",
+           "export_files"]
 
 
 def register(name: str, task_class: Any) -> None:
@@ -79,3 +80,13 @@ def for_checkpoint(config, metadata: dict, ckpt_path: str | None = None) -> Task
     raise ValueError(f"the checkpoint{where} was trained on task {name!r}, which is "
                      f"not registered here (registered tasks: {', '.join(names())}; docs/tasks.md)")
   return get(name).from_metadata(config, metadata["task"], ckpt_path)
+
+
+def export_files(config, metadata: dict, ckpt_path: str, directory: str) -> dict:
+  """A checkpoint's metadata for a copy of it written to `directory` (by scripts that derive one model from
+  another): the task's files (a tokenizer) written there too, named relative to it. Unchanged without a task, or
+  for a task not registered here (whose files this code cannot know: the copy keeps its metadata as it is)."""
+  if name_of(metadata) not in _REGISTRY:
+    return metadata
+  task = for_checkpoint(config, metadata, ckpt_path)
+  return metadata if task is None else {**metadata, "task": task.export_files(directory)}

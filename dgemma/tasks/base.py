@@ -49,6 +49,10 @@ class Task(Protocol):
     """JSON-able; stored as the checkpoint's `metadata["task"]` and read back by `from_metadata`.
     Holds at least {"name": self.name}."""
 
+  def export_files(self, directory: str) -> dict[str, Any]:
+    """Writes the files the task needs at sampling time (e.g. a tokenizer) into the exported model's
+    `directory`; returns the metadata to record there (`metadata`, with those files named relative to it)."""
+
   # --- Training ---------------------------------------------------------------------------------------
   def train_dataset(self, c: ml_collections.ConfigDict, batch_size: int, shard_index: int, shard_count: int,
                     noise_rank: bool) -> grain.IterDataset:
@@ -89,6 +93,9 @@ class Task(Protocol):
   def frames(self, trajectory_SxC: np.ndarray, steps: int) -> list[Frame]:
     """The step-by-step pictures of one canvas (the first `steps` of the trajectory's argmax canvases)."""
 
+  def token_text(self, token: int) -> str:
+    """One token as display text (sample.py --stream's live view)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class TaskBase:
@@ -109,6 +116,9 @@ class TaskBase:
   def metadata(self) -> dict[str, Any]:
     return {"name": self.name, "prompt_len": self.prompt_len}
 
+  def export_files(self, directory: str) -> dict[str, Any]:
+    return self.metadata  # no files of its own
+
   def make_evaluator(self, c: ml_collections.ConfigDict, metadata: dict) -> Evaluator | None:
     return None  # no in-training evaluation
 
@@ -125,6 +135,9 @@ class TaskBase:
 
   def show(self, inputs: np.ndarray, answer: np.ndarray) -> str:
     return " ".join(str(x) for x in np.ravel(answer))
+
+  def token_text(self, token: int) -> str:
+    return f"{token} "
 
   def frames(self, trajectory_SxC: np.ndarray, steps: int) -> list[Frame]:
     """The canvas's token ids, step by step."""

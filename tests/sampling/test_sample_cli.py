@@ -189,3 +189,58 @@ def test_runs_as_a_program(ckpts, tmp_path):
                         capture_output=True, text=True, cwd=str(ROOT), env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert proc.returncode == 1
   assert proc.stderr.strip() == f"error: checkpoint {tmp_path / 'nope'} does not exist"
+
+
+def _jsonl(path, lines):
+  path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+  return path
+
+
+def test_jsonl_prompts_in_and_out_whatever_the_batch_size(ckpts, capsys, tmp_path):
+  given = [{"prompt": "is the sky blue", "id": 7}, "", {"messages": [{"role": "user", "content": "red sun"}]},
+           {"prompt": "light scatters in air"}]
+  prompts = _jsonl(tmp_path / "in.jsonl", given)
+  common = [f"--ckpt={ckpts['chat']}", f"--prompts_file={prompts}", "--max_new_tokens=8", "--steps=3", "--seed=5"]
+  rc, out, err = _run([*common, f"--output={tmp_path / 'one_batch.jsonl'}"], capsys)
+  assert rc == 0, err
+  one_batch = [json.loads(line) for line in (tmp_path / "one_batch.jsonl").read_text().splitlines()]
+  rc, out, err = _run([*common, "--batch_size=2"], capsys)  # no --output: the JSON lines on stdout
+  assert rc == 0, err
+  assert [json.loads(line) for line in out.splitlines()] == one_batch  # each row draws from its own key
+  assert "3 prompt(s)" in err and "2 batches of 2" in err
+  assert [{k: v for k, v in r.items() if k in ("prompt", "messages")} for r in one_batch] == [
+      {"prompt": "is the sky blue"}, {"messages": [{"role": "user", "content": "red sun"}]},
+      {"prompt": "light scatters in air"}]
+  tokenizer = _sample_module().TextTokenizer(ckpts["chat"])
+  for record in one_batch:
+    assert record["completion"] == tokenizer.decode(record["tokens"])
+    assert 1 not in record["tokens"] and 0 not in record["tokens"]  # cut at the stop id, no PAD
+    assert record["steps"] and all(1 <= s <= 3 for s in record["steps"])
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"prompt": 3}', 'no string field "prompt" (and no "messages" list); keys: prompt'),
+    ("not json", "not valid JSON"),
+    ('[1, 2]', "expected a JSON object, got list"),
+    ('{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}',
+     "a prompt must end with a user turn"),
+    ('{"messages": [{"role": "user"}]}', '"messages" must be a list of {"role": str, "content": str} objects'),
+])
+def test_a_malformed_jsonl_prompt_names_its_line(ckpts, capsys, tmp_path, line, message):
+  prompts = _jsonl(tmp_path / "in.jsonl", [{"prompt": "is the sky blue"}, line])
+  rc, _, err = _run([f"--ckpt={ckpts['chat']}", f"--prompts_file={prompts}"], capsys)
+  assert rc != 0
+  assert err.count("\n") == 1 and err.startswith(f"error: {prompts}:2: {message}"), err
+
+
+def test_stream_shows_every_step_and_leaves_the_sample_unchanged(ckpts, capsys):
+  args = [f"--ckpt={ckpts['chat']}", "--prompt=is the sky blue", "--max_new_tokens=8", "--steps=3", "--seed=2"]
+  rc, plain, _ = _run(args, capsys)
+  assert rc == 0
+  rc, streamed, live = _run([*args, "--stream"], capsys)
+  assert rc == 0
+  answer = lambda out: [line for line in out.splitlines() if not line.startswith("--- time")]  # noqa: E731
+  assert answer(streamed) == answer(plain)
+  labels = [line for line in live.splitlines() if line.startswith("--- canvas")]
+  steps = json.loads(streamed.split("steps per canvas: ")[1].splitlines()[0])
+  assert labels == [f"--- canvas {i + 1}/2 · step {s + 1}/3" for i, n in enumerate(steps) for s in range(n)]

@@ -4,7 +4,8 @@ Inputs are prompts as strings ([B] object arrays), answers the generated text. T
 ("bytes", the fixed byte vocabulary of `byte_tokenizer`, or a tokenizer file/directory, e.g. a GGUF checkpoint)
 and a chat template (`chat`); both are recorded in the checkpoint's metadata, so sampling renders prompts
 exactly as training did. Metadata: {"name", "prompt_len", "tokenizer", "chat_template", "max_canvases",
-"prompt_overflow"}.
+"prompt_overflow"}; an exported model holds its tokenizer file and names it relative to its directory
+(`tokenizer_files`, `export_files`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dgemma.config import ModelConfig
 from dgemma.data.tokenizer import Tokenizer, load_tokenizer
 from dgemma.sampling import display
 from dgemma.tasks.base import TaskBase
-from dgemma.tasks.text import byte_tokenizer, canvases, chat, pipeline, readers
+from dgemma.tasks.text import byte_tokenizer, canvases, chat, pipeline, readers, tokenizer_files
 
 STDLIB_CODE = "data/stdlib_code/train.jsonl"  # configs/text.py's default data, built by scripts/make_text_data.py
 
@@ -54,6 +55,14 @@ class TextTask(TaskBase):
     return {**super().metadata, "tokenizer": self.tokenizer_spec, "chat_template": self.chat_template,
             "max_canvases": self.max_canvases, "prompt_overflow": self.prompt_overflow}
 
+  def export_files(self, directory: str) -> dict[str, Any]:
+    """A copy of the tokenizer in the model directory, recorded by its relative name (tokenizer_files.py); the
+    path it came from is kept as "tokenizer_source"."""
+    name = tokenizer_files.save(self.tokenizer, directory)
+    if name == byte_tokenizer.NAME:
+      return self.metadata
+    return {**self.metadata, "tokenizer": name, "tokenizer_source": self.tokenizer_spec}
+
   @property
   def layout(self) -> pipeline.Layout:
     return pipeline.Layout(self.prompt_len, self.config.canvas_length, self.max_canvases, self.config.pad_id,
@@ -61,7 +70,7 @@ class TextTask(TaskBase):
 
   @classmethod
   def from_metadata(cls, config: ModelConfig, metadata: dict, ckpt_path: str | None = None) -> "TextTask":
-    spec = metadata.get("tokenizer") or ckpt_path or ""
+    spec = tokenizer_files.resolve(metadata.get("tokenizer") or ckpt_path or "", ckpt_path)
     tokenizer = tokenizer_from(spec)
     if tokenizer.vocab_size > config.vocab_size:
       raise ValueError(f"tokenizer {spec} (vocab {tokenizer.vocab_size}) does not fit the model (vocab "
@@ -142,11 +151,20 @@ class TextTask(TaskBase):
   def parse_prompt(self, text: str) -> np.ndarray:
     return np.array(text, dtype=object)
 
+  def with_chat(self, mode: str, ckpt_path: str = "the checkpoint") -> "TextTask":
+    """sample.py --chat: "auto"/"on" render prompts with the template the model was trained with ("on" refuses
+    a model trained without one), "off" as BOS + the prompt."""
+    if mode == "on" and self.chat_template == "none":
+      raise ValueError(f"--chat=on but {ckpt_path} has no chat template (trained with chat_template 'none')")
+    return dataclasses.replace(self, chat_template="none") if mode == "off" else self
+
   def encode(self, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """[B] prompt strings -> one user turn each, through the chat template, as in training."""
+    """[B] prompts -> token rows through the chat template, as in training. A prompt is a string (one user turn)
+    or a conversation (a tuple of `chat.Turn`s ending with a user turn)."""
     rows = []
-    for text in np.ravel(inputs):
-      ids = chat.encode_prompt(self.chat_template, (chat.Turn("user", str(text)),), self.tokenizer)
+    for item in np.ravel(inputs):
+      turns = item if isinstance(item, tuple) else (chat.Turn("user", str(item)),)
+      ids = chat.encode_prompt(self.chat_template, turns, self.tokenizer)
       overflow = "truncate" if self.prompt_overflow == "truncate" else "error"
       rows.append((canvases.prompt_row(ids, self.prompt_len, self.config.pad_id, overflow)[0], len(ids)))
     tokens = np.stack([r for r, _ in rows])
@@ -173,7 +191,10 @@ class TextTask(TaskBase):
   def show(self, inputs: np.ndarray, answer: np.ndarray) -> str:
     return str(answer)
 
+  def token_text(self, token: int) -> str:
+    return self.tokenizer.decode([token])
+
   def frames(self, trajectory_SxC: np.ndarray, steps: int) -> list:
     trajectory_SxC = np.asarray(trajectory_SxC)
     return display.build_frames(trajectory_SxC[None], np.array([steps]), trajectory_SxC[max(steps - 1, 0)][None],
-                                lambda t: self.tokenizer.decode([t]))
+                                self.token_text)

@@ -95,6 +95,13 @@ def test_gemma3_matches_transformers_apply_chat_template(gemma3, index):
   assert prompt + response + ours.encode("\n", add_bos=False) == hf_ids(theirs, messages, generation_prompt=False)
   assert response[-1] == ours.id_of("<end_of_turn>") == 106
   assert prompt[:2] == [ours.bos_id, ours.id_of("<start_of_turn>")] and ours.id_of("<start_of_turn>") == 105
+  # sample.py --chat on a Gemma 3 vocabulary (a GGUF file, no HF tokenizer_config.json): the same prompt ids.
+  from tests.script_loader import load_script
+  text = load_script("sample.py").TextTokenizer(ours.path)
+  assert text.hf is None and text.template == "gemma3"
+  assert text.encode(turns(messages[:-1]), chat=True) == prompt
+  if len(messages) == 2:
+    assert text.encode(messages[0]["content"], chat=True) == prompt
 
 
 def test_gemma4_template_is_sample_py_turn_format(tmp_path):

@@ -102,3 +102,24 @@ def test_a_malformed_line_stops_train_py_with_one_line(tmp_path):
   assert run.returncode == 1
   assert run.stderr.strip().splitlines()[-1] == (
       f"train.py: error: {path}:2: no string field 'response' (and no 'messages' list); keys: answer, prompt")
+
+
+def test_chat_flag_and_conversations_on_a_text_checkpoint(data):
+  """sample.py --chat on a text checkpoint: the recorded template (auto/on), plain BOS + prompt (off), and a clear
+  refusal of --chat=on for a model trained without one; a JSONL conversation is rendered as in training."""
+  from dgemma.tasks.text.chat import Turn
+  c = text_config.get_config(f"data={data},size=debug")
+  config = train.build_model(c)[0]
+  task = tasks.for_config(c, config)
+  assert task.chat_template == "gemma3" and task.with_chat("on") is task and task.with_chat("auto") is task
+  tokens, valid = task.with_chat("off").encode(np.array(["hi"], dtype=object))
+  assert tokens[0, valid[0]].tolist() == [2, 16 + ord("h"), 16 + ord("i")]
+  conversation = np.empty(1, object)
+  conversation[0] = (Turn("system", "Be brief."), Turn("user", "hi"))
+  tokens, valid = task.encode(conversation)
+  assert task.tokenizer.decode(tokens[0, valid[0]]) == \
+      "<bos><start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n<start_of_turn>model\n"
+  c.data.chat_template = "none"
+  with pytest.raises(ValueError, match=r"^--chat=on but CKPT has no chat template \(trained with chat_template "
+                                       r"'none'\)$"):
+    tasks.for_config(c, config).with_chat("on", "CKPT")
