@@ -33,7 +33,7 @@ from dgemma.training.config_utils import parse_arg
 
 SIZES = {  # width, layers, heads, batch, steps, prompt_len, canvas_length, max_canvases
     "debug": (32, 2, 2, 4, 3, 32, 16, 2),
-    "small": (128, 4, 4, 16, 1000, 256, 128, 4),
+    "small": (128, 4, 4, 16, 759, 256, 128, 4),  # 759 steps: the measured CPU run (docs/text.md)
 }
 
 

@@ -70,7 +70,7 @@ def test_self_conditioning_probabilities_equal_their_logits(params):
   from_logits = model.denoise(params, CONFIG, canvas, cache, sc, mask)
   from_probs = model.denoise(params, CONFIG, canvas, cache, self_conditioning_mask=mask, self_conditioning_probs=probs)
   np.testing.assert_allclose(from_probs, from_logits, rtol=1e-5, atol=1e-5)
-  with pytest.raises(ValueError, match="not both"):
+  with pytest.raises(ValueError, match="not several"):
     model.denoise(params, CONFIG, canvas, cache, sc, mask, probs)
 
 

@@ -69,5 +69,7 @@ def test_init_dir_trains_and_exports(tmp_path, lora):
   out = train.train(c, str(tmp_path / "run"))
   assert np.isfinite(out["loss"]) and out["diffusion_loss"] > 0
   config, _, metadata = load_model(str(tmp_path / "run" / "model"))
-  assert metadata["task"]["tokenizer"] == str(tmp_path / "hf") and metadata["task"]["chat_template"] == "gemma3"
+  task = metadata["task"]  # the tokenizer travels with the model; where it came from is recorded
+  assert task["tokenizer"] == "tokenizer.json" and (tmp_path / "run" / "model" / "tokenizer.json").is_file()
+  assert task["tokenizer_source"] == str(tmp_path / "hf") and task["chat_template"] == "gemma3"
   assert config.vocab_size == len(SPECIALS) + len(CHARS) and config.canvas_length == 16
