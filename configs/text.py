@@ -1,4 +1,4 @@
-"""Text from your own data: the front door. Formats, knobs and what is not built yet: docs/text.md.
+"""Text from your own data: the front door. Formats, knobs and measured results: docs/text.md.
 
 COMMAND:
     python scripts/make_text_data.py && python train.py --config=configs/text.py  # stdlib code completion, CPU
