@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
 import sys
 
 import jax
@@ -107,3 +109,23 @@ def free_port() -> int:
 
 
 PYTHON = sys.executable
+
+
+def run_workers(module: str, specs: list[dict], num_devices: int, timeout: float = 300) -> list[tuple[dict, str]]:
+  """Runs `python -m module JSON(spec)` once per spec, all at once (one JAX process each, `num_devices` CPU
+  devices apiece); every one must exit 0. Returns each process's (RESULT json, stdout)."""
+  procs = [subprocess.Popen([PYTHON, "-m", module, json.dumps(spec)], cwd=ROOT, env=subprocess_env(num_devices),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for spec in specs]
+  outputs = []
+  try:
+    for p in procs:
+      outputs.append(p.communicate(timeout=timeout))
+  finally:
+    for p in procs:  # a process whose peer died waits for it: never leave one behind
+      if p.poll() is None:
+        p.kill()
+        p.communicate()
+  for p, (out, err) in zip(procs, outputs):
+    assert p.returncode == 0, err[-4000:]
+  return [(json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT "):]), out)
+          for out, _ in outputs]

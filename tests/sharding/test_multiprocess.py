@@ -4,7 +4,6 @@ agree on the loss, save a sharded checkpoint; then this single process (1 device
 
 import json
 import os
-import subprocess
 
 import jax
 import numpy as np
@@ -22,27 +21,10 @@ STEPS = 2
 def two_process_run(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("multiprocess")
   port = common.free_port()
-  procs = []
-  for i in range(2):
-    spec = {"port": port, "num_processes": 2, "process_id": i, "workdir": str(tmp / "run"),
-            "cache_dir": str(tmp / "data"), "mesh": {"fsdp": 2, "expert": 2}, "steps": STEPS}
-    procs.append(subprocess.Popen([common.PYTHON, "-m", "tests.sharding.process_worker", json.dumps(spec)],
-                                  cwd=common.ROOT, env=common.subprocess_env(2), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True))
-  outputs = []
-  try:
-    for p in procs:
-      outputs.append(p.communicate(timeout=300))
-  finally:
-    for p in procs:  # a process whose peer died waits for it: never leave one behind
-      if p.poll() is None:
-        p.kill()
-        p.communicate()
-  for p, (out, err) in zip(procs, outputs):
-    assert p.returncode == 0, err[-4000:]
-  results = [json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
-             for out, _ in outputs]
-  return tmp, results, [out for out, _ in outputs]
+  specs = [{"port": port, "num_processes": 2, "process_id": i, "workdir": str(tmp / "run"),
+            "cache_dir": str(tmp / "data"), "mesh": {"fsdp": 2, "expert": 2}, "steps": STEPS} for i in range(2)]
+  ran = common.run_workers("tests.sharding.process_worker", specs, 2)
+  return tmp, [r for r, _ in ran], [out for _, out in ran]
 
 
 def test_processes_agree_and_only_process_0_logs(two_process_run):

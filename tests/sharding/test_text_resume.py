@@ -4,7 +4,6 @@ the batches of the uninterrupted run on each process. Resuming such a checkpoint
 
 import json
 import os
-import subprocess
 
 import pytest
 
@@ -21,26 +20,9 @@ def two_process_runs(tmp_path_factory):
   data = tmp / "train.jsonl"
   data.write_text("".join(json.dumps(r) + "\n" for r in text_resume_worker.rows()))
   port = common.free_port()
-  procs = []
-  for i in range(2):
-    spec = {"port": port, "num_processes": 2, "process_id": i, "data": str(data), "root": str(tmp),
-            "steps": STEPS, "checkpoint_at": CHECKPOINT_AT}
-    procs.append(subprocess.Popen([common.PYTHON, "-m", "tests.sharding.text_resume_worker", json.dumps(spec)],
-                                  cwd=common.ROOT, env=common.subprocess_env(1), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True))
-  outputs = []
-  try:
-    for p in procs:
-      outputs.append(p.communicate(timeout=300))
-  finally:
-    for p in procs:  # a process whose peer died waits for it: never leave one behind
-      if p.poll() is None:
-        p.kill()
-        p.communicate()
-  for p, (out, err) in zip(procs, outputs):
-    assert p.returncode == 0, err[-4000:]
-  results = [json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
-             for out, _ in outputs]
+  specs = [{"port": port, "num_processes": 2, "process_id": i, "data": str(data), "root": str(tmp),
+            "steps": STEPS, "checkpoint_at": CHECKPOINT_AT} for i in range(2)]
+  results = [r for r, _ in common.run_workers("tests.sharding.text_resume_worker", specs, 1)]
   return tmp, data, results
 
 
