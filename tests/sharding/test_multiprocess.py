@@ -2,7 +2,6 @@
 collectives over 127.0.0.1), train on a mesh spanning both (fsdp across the processes, experts inside each),
 agree on the loss, save a sharded checkpoint; then this single process (1 device) restores it and continues."""
 
-import json
 import os
 
 import jax
