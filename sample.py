@@ -7,6 +7,7 @@
   python sample.py --ckpt=PATH --prompts_file=prompts.txt --show_steps --show_steps_html=steps.html
   python sample.py --ckpt=PATH --prompt="Why is the sky blue?" --stream   # watch the canvas converge live
   python sample.py --ckpt=PATH --prompts_file=in.jsonl --output=out.jsonl --batch_size=8
+  python sample.py --ckpt=AR_TEXT_CKPT --prompt="Why is the sky blue?"   # objective=ar: greedy, causal
 
 PATH is one of our checkpoints (dgemma.json), an HF DiffusionGemma directory or a training workdir. Text goes
 through the checkpoint's tokenizer (its chat template for instruction models, see --chat); a checkpoint trained
@@ -14,6 +15,8 @@ on a task (dgemma/tasks, named in its metadata) takes the task's prompts and sho
 has a flag; the defaults are the released model's. A prompts file named *.jsonl holds one JSON object per line
 ({"prompt": ...} or {"messages": [...]}) and gives one JSON line per prompt (prompt, completion, tokens, steps),
 to --output or, without it, to stdout (the summary then goes to stderr); --output works with any prompts.
+A text checkpoint trained with objective=ar (its denoiser never trained) is decoded autoregressively, greedy
+through the causal encoder, as its training samples are (--decode).
 """
 
 from __future__ import annotations
@@ -48,7 +51,18 @@ flags.DEFINE_bool("stream", False, "Show the canvas converging live while it is 
                   "callback compiled into the sampling loop only with this flag).", **_D)
 # One flag per sampler knob (--steps, --t_max, ...; dgemma/sampling/flags.py), unset by default: a knob left unset
 # takes the checkpoint's recorded default, else SamplerConfig's (in brackets). --show_steps* ask for the trajectory.
-sampler_flags.define(FLAGS, skip=("return_trajectory",))
+_KNOBS = sampler_flags.define(FLAGS, skip=("return_trajectory",))
+# What autoregressive decoding reads of them: the length (and, for a model without a task, the stop ids).
+_AR_KNOBS = ("max_new_tokens", "stop_ids")
+flags.DEFINE_enum("decode", "auto", ["auto", "diffusion", "autoregressive"],
+                  "How a language model generates. diffusion: the block-diffusion sampler. autoregressive: greedy, "
+                  "one token per pass of the causal encoder, up to --max_new_tokens (default: a text checkpoint's "
+                  "capacity, max_canvases x canvas_length) or a stop id; the encoder of every checkpoint is causal, "
+                  "so a diffusion checkpoint takes it too (as good as the next-token loss it trained with, "
+                  "ar_loss_weight). auto: autoregressive for a text checkpoint trained with objective=ar "
+                  "(diffusion_loss_weight 0), else diffusion. Autoregressive refuses the diffusion-only flags "
+                  "(sampler knobs, --samples>1, --stream, --show_*); its JSON lines' \"steps\" is the number of "
+                  "tokens it generated, the stop token included (one forward pass each).", **_D)
 flags.DEFINE_integer("samples", 1, "Task models: draw each prompt this many times (in one batch) and answer with "
                      "the first draw that passes the task's own check.", **_D)
 flags.DEFINE_integer("seed", 0, "Random seed.", **_D)
@@ -235,6 +249,35 @@ def _load(path: str):
     raise ValueError(f"cannot load checkpoint {path}: {message}") from None
 
 
+def _autoregressive(task, metadata: dict) -> bool:
+  """--decode: whether to decode causally. auto asks the checkpoint (dgemma/tasks/text/decoding.py, the decision
+  scripts/eval_text.py and training make); only a language model (text task, or no task) decodes causally."""
+  from dgemma.tasks.text import decoding
+  language_model = task is None or task.name == "text"
+  if FLAGS.decode == "autoregressive" and not language_model:
+    raise ValueError(f"--decode=autoregressive is for language models; a {task.title} checkpoint is decoded by "
+                     "its task's sampler")
+  if FLAGS.decode != "auto":
+    return FLAGS.decode == "autoregressive"
+  return language_model and decoding.mode(decoding.trained_diffusion(metadata)) == "ar"
+
+
+def _check_autoregressive_flags() -> None:
+  """One line naming the diffusion-only flags given, if any: autoregressive decoding would ignore them."""
+  names = ["stream", "show_steps", "show_steps_html", "show_steps_gif", "show_steps_delay", "show_row"]
+  names += [sampler_flags.flag_name(k) for k in _KNOBS if k not in _AR_KNOBS]
+  given = [f"--{n}" for n in names if FLAGS[n].present and FLAGS[n].value is not None
+           and FLAGS[n].value is not False]  # --nostream and the like ask for nothing
+  if FLAGS.samples != 1:
+    given.append("--samples")
+  if not given:
+    return
+  if FLAGS.decode == "autoregressive":
+    raise ValueError(f"{', '.join(given)} only apply to the diffusion sampler, not to --decode=autoregressive")
+  raise ValueError(f"{', '.join(given)} only apply to the diffusion sampler, and {FLAGS.ckpt} (trained with "
+                   "objective=ar) is decoded autoregressively; --decode=diffusion to use the sampler anyway")
+
+
 def _pad_batch(rows: list[list[int]], pad_id: int):
   import numpy as np
   length = max(len(r) for r in rows)
@@ -252,6 +295,7 @@ def run() -> int:
 
   from dgemma import sharding, tasks
   from dgemma.sampling import batches, display, streaming
+  from dgemma.sampling.autoregressive import ARConfig, compile_autoregressive
   from dgemma.sampling.generate import compile_generate
 
   if not FLAGS.ckpt:
@@ -285,6 +329,9 @@ def run() -> int:
   if draws < 1:
     raise ValueError(f"--samples must be >= 1, got {draws}")
   task = tasks.for_checkpoint(config, metadata, FLAGS.ckpt)  # None: a language model
+  autoregressive = _autoregressive(task, metadata)
+  if autoregressive:
+    _check_autoregressive_flags()
   if task is not None:
     if FLAGS.prompt_ids is not None:
       raise ValueError(f"{task.title} checkpoints take their inputs via --prompt or --prompts_file")
@@ -326,6 +373,16 @@ def run() -> int:
   size = spans[0][1] - spans[0][0]
   resolved = sampler.resolve(config)
   c = resolved.canvas_length
+  if autoregressive:
+    # As the training samples decode: greedy, up to the canvases' capacity (fewer by --max_new_tokens).
+    ar = ARConfig(max_new_tokens=resolved.max_new_tokens if task is None or FLAGS.max_new_tokens is not None
+                  else c * task.max_canvases, temperature=0.0, stop_ids=resolved.stop_ids)
+    if tokens.shape[1] + ar.max_new_tokens > FLAGS.max_cache_len:
+      raise ValueError(f"prompt ({tokens.shape[1]} tokens) + {ar.max_new_tokens} new tokens exceed "
+                       f"--max_cache_len={FLAGS.max_cache_len}")
+    reason = "--decode=autoregressive" if FLAGS.decode == "autoregressive" else "trained with objective=ar"
+    say(f"decoding autoregressively ({reason}): greedy, one token per encoder pass, up to {ar.max_new_tokens} "
+        "new tokens")
   watched = FLAGS.show_row * draws  # the row --stream and the step-by-step views show
   live = None
   if FLAGS.stream and lead:
@@ -335,16 +392,22 @@ def run() -> int:
   # The weights live on a mesh over all devices of all processes, sharded by the default rules.
   mesh = sharding.make_mesh()
   params = sharding.put(params, sharding.tree_shardings(params, mesh))
-  sample, compile_s = compile_generate(params, config, tokens[:size], valid[:size], keys[:size], sampler,
-                                       max_cache_len=FLAGS.max_cache_len,
-                                       position_features=metadata.get("position_features"), on_step=live)
+  features = metadata.get("position_features")
+  if autoregressive:
+    sample, compile_s = compile_autoregressive(params, config, tokens[:size], valid[:size], keys[:size], ar,
+                                               position_features=features)
+  else:
+    sample, compile_s = compile_generate(params, config, tokens[:size], valid[:size], keys[:size], sampler,
+                                         max_cache_len=FLAGS.max_cache_len, position_features=features,
+                                         on_step=live)
   start = time.perf_counter()
   out = batches.run(sample, tokens, valid, keys, FLAGS.batch_size, to_host=sharding.to_host,
                     before_batch=live and (lambda a, b: live.reset(watched - a if a <= watched < b else None)))
   seconds = time.perf_counter() - start
 
   generated = np.asarray(out.tokens)
-  steps = np.asarray(out.steps_per_canvas)
+  # Diffusion: denoising steps per canvas [R, canvases]; autoregressive: tokens generated per row [R, 1].
+  steps = np.asarray(out.forward_passes)[:, None] if autoregressive else np.asarray(out.steps_per_canvas)
   answer_rows = np.arange(len(prompts)) * draws  # the batch row answering each prompt
   records = []  # the JSON lines
   for row in range(len(prompts)):
@@ -372,8 +435,12 @@ def run() -> int:
     if task is None:
       completion = tokenizer.decode(ids) if tokenizer is not None else ",".join(str(t) for t in ids)
       say(completion)
-    run_steps = [int(s) for s in steps[answer_rows[row]] if s]
-    say(f"steps per canvas: {run_steps}")
+    if autoregressive:
+      run_steps = int(steps[answer_rows[row], 0])
+      say(f"tokens generated: {run_steps}")
+    else:
+      run_steps = [int(s) for s in steps[answer_rows[row]] if s]
+      say(f"steps per canvas: {run_steps}")
     given = prompts[row]
     records.append({**(given.as_json() if hasattr(given, "as_json") else
                        {"prompt_ids": rows[row]} if FLAGS.prompt_ids is not None else {"prompt": given}),
@@ -382,12 +449,16 @@ def run() -> int:
   num_tokens = int((generated != config.pad_id).sum())
   canvases_run = int((steps > 0).any(axis=0).sum())
   passes = steps.sum(axis=1)
-  say(f"--- {len(prompts)} prompt(s){f' x {draws} draws' if draws > 1 else ''} · canvas {c} · "
-        f"{canvases_run}/{steps.shape[1]} canvas(es) · "
-        f"mean steps per canvas {steps[steps > 0].mean():.1f} (max {resolved.max_denoising_steps}; "
-        f"t {resolved.t_max} -> {resolved.t_min}) · "
-        f"tokens per forward pass {float(np.mean(np.asarray(out.tokens_per_forward))):.2f} · "
-        f"denoiser passes per {'draw' if draws > 1 else 'row'} {passes.tolist()}")
+  if autoregressive:
+    say(f"--- {len(prompts)} prompt(s) · autoregressive, greedy · up to {ar.max_new_tokens} new tokens · "
+        f"encoder passes per row {passes.tolist()}")
+  else:
+    say(f"--- {len(prompts)} prompt(s){f' x {draws} draws' if draws > 1 else ''} · canvas {c} · "
+          f"{canvases_run}/{steps.shape[1]} canvas(es) · "
+          f"mean steps per canvas {steps[steps > 0].mean():.1f} (max {resolved.max_denoising_steps}; "
+          f"t {resolved.t_max} -> {resolved.t_min}) · "
+          f"tokens per forward pass {float(np.mean(np.asarray(out.tokens_per_forward))):.2f} · "
+          f"denoiser passes per {'draw' if draws > 1 else 'row'} {passes.tolist()}")
   say(f"--- time {seconds:.2f} s (+ compile {compile_s:.1f} s) · {num_tokens} tokens · "
         f"{num_tokens / max(seconds, 1e-9):.1f} tokens/s"
         + (f" · {len(spans)} batches of {size}" if len(spans) > 1 else ""))
@@ -396,7 +467,7 @@ def run() -> int:
     if FLAGS.output:
       say(f"wrote {FLAGS.output} ({len(records)} lines)")
 
-  if out.trajectory is not None and lead:  # views and files: process 0 only
+  if not autoregressive and out.trajectory is not None and lead:  # views and files: process 0 only
     row = int(answer_rows[FLAGS.show_row])  # for --samples: the answering draw
     if task is not None:
       frames = task.frames(np.asarray(out.trajectory)[row, 0], steps[row, 0])

@@ -89,8 +89,8 @@ def run() -> int:
   task = tasks.for_checkpoint(config, metadata, FLAGS.ckpt)
   if task is None or task.name != "text":
     raise ValueError(f"--ckpt={FLAGS.ckpt} is not a text checkpoint (task {tasks.name_of(metadata)!r})")
-  from dgemma.tasks.text import likelihood
-  settings = likelihood.settings_from((metadata.get("train_config") or {}).get("diffusion") or {}, FLAGS.mode,
+  from dgemma.tasks.text import decoding, likelihood
+  settings = likelihood.settings_from(decoding.trained_diffusion(metadata), FLAGS.mode,
                                       num_t=FLAGS.num_t, draws=FLAGS.draws, seed=FLAGS.seed)
   encoder = task.encoder(data_config(metadata, os.path.abspath(FLAGS.data)))
   scorer = likelihood.Scorer(task.config, metadata.get("position_features"))

@@ -18,6 +18,7 @@ from dgemma.config import ModelConfig
 from dgemma.diffusion import elbo, losses
 from dgemma.model.cache import init_cache
 from dgemma.model.transformer import DiffusionGemma
+from dgemma.tasks.text import decoding
 
 BATCH_KEYS = ("prompt", "canvas", "canvas_mask")
 
@@ -42,10 +43,9 @@ class Settings:
 
 
 def settings_from(diffusion: dict, mode: str = "auto", **kw) -> Settings:
-  """Settings from a training config's `diffusion` section: mode auto is 'ar' when diffusion_loss_weight is 0."""
-  if mode == "auto":
-    mode = "ar" if diffusion.get("diffusion_loss_weight", 1.0) == 0 else "diffusion"
-  return Settings(mode=mode, schedule=diffusion.get("schedule", "linear"),
+  """Settings from a training config's `diffusion` section: mode auto is 'ar' for an objective=ar run
+  (decoding.mode)."""
+  return Settings(mode=decoding.mode(diffusion, mode), schedule=diffusion.get("schedule", "linear"),
                   t_eps=float(diffusion.get("t_eps", 1e-4)), **kw)
 
 
