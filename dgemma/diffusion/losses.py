@@ -43,6 +43,26 @@ def uniform_elbo_per_token(logits_BxLxV: Float[Array, "B L V"], x0_BxL: Int[Arra
   return weight * bracket
 
 
+def context_only_logits(logits_BxLxV: Float[Array, "B L V"], xt_BxL: Int[Array, "B L"],
+                        alpha_B: Float[Array, "B"]) -> Float[Array, "B L V"]:
+  """Turns logits of the full posterior p(x0_l | x_t) into those of p(x0_l | x_t^{-l}), the posterior given the
+  OTHER noisy tokens only, by dividing out token l's own likelihood q(x_t,l = i | x0_l = j) = alpha·[j = i] +
+  (1-alpha)/N (Bayes): logits_j - log(1 + N·alpha/(1-alpha))·[j = i], in float32.
+
+  What it is for: in `uniform_elbo_per_token`'s parameterization the reverse rate from x_t to x_t with token l
+  set to j is ∝ xbar_θ,j / xbar_θ,i, and the exact time reversal has the same form with p_θ = p(x0_l | x_t^{-l}).
+  So the bound is tight (equals the NLL) for the context-only posterior, not for the full posterior that a flat
+  cross-entropy trains toward; this conversion maps the one to the other (tests/diffusion/test_elbo.py checks
+  both by enumeration). Needs alpha < 1: at alpha = 1 the own token's logit becomes -inf.
+  """
+  v = logits_BxLxV.shape[-1]
+  a = alpha_B.astype(jnp.float32)[:, None, None]
+  own_likelihood_ratio = jnp.log1p(v * a / (1.0 - a))  # log q(i | i) - log q(i | j ≠ i)
+  own = jax.nn.one_hot(xt_BxL, v, dtype=bool)
+  # where, not a product with the one-hot: inf · 0 would put NaN on the other tokens at alpha = 1
+  return jnp.where(own, logits_BxLxV.astype(jnp.float32) - own_likelihood_ratio, logits_BxLxV.astype(jnp.float32))
+
+
 def noise_bin_stats(loss_B: Float[Array, "B"], t_B: Float[Array, "B"], num_bins: int) -> tuple[Array, Array]:
   """(sum of losses, count) per equal-width bin of t in [0, 1]: summed over steps, they give the mean loss
   per noise level over any logging window."""

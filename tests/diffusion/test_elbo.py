@@ -151,3 +151,136 @@ def test_masked_tokens_only_and_bad_k():
     elbo.stratified_t(0)
   with pytest.raises(ValueError, match="no target tokens"):
     elbo.summarize(np.zeros((2, 3)), np.zeros((2, 3)), np.zeros(2))
+
+
+# A data distribution p(x0) over V**length canvases instead of one fixed x0: the bound averaged over p(x0) is
+# >= H(p), with equality iff the reverse rates are the exact time reversal's. In this parameterization the rate
+# from x_t to x_t with token l set to j is ∝ xbar_θ,j / xbar_θ,i, and the exact one has the same form with p_θ at
+# position l the posterior of x0_l given the OTHER noisy tokens x_t^{-l} (p_t(x^{l<-j}) / p_t(x) =
+# E[q(j | x0_l)] / E[q(i | x0_l)], x0_l ~ p(x0_l | x_t^{-l})). So that context-only posterior makes the bound H(p)
+# (the prior term is 0: alpha(1) = 0), the full posterior p(x0_l | x_t) does not, and dividing the full one by
+# the own token's likelihood (Bayes, `losses.context_only_logits`) gives the context-only one back.
+
+
+def canvases(length):
+  return np.array(list(itertools.product(range(V), repeat=length)))  # [S, length]
+
+
+def data_distribution(length, seed):
+  return np.random.default_rng(seed).dirichlet(np.ones(V ** length))  # full support: every posterior is defined
+
+
+def token_posteriors(p0_S, states_SxL, alpha):
+  """(full, context-only) posteriors of each clean token, [S (x_t), L, V], by enumerating x0 in float64:
+  p(x0_l | x_t) ∝ Σ_{x0: x0_l = j} p(x0) Π_m q(x_t,m | x0_m); the context-only one leaves out the factor m = l."""
+  n_tokens = states_SxL.shape[1]
+  lik = alpha * np.eye(V) + (1 - alpha) / V  # lik[x0 token, x_t token]
+  per_token = lik[states_SxL[:, None, :], states_SxL[None, :, :]]  # [S (x0), S (x_t), L]
+  full, context = [], []
+  for l in range(n_tokens):
+    by_x0_l = np.eye(V)[states_SxL[:, l]]  # [S (x0), V]
+    others = np.prod(np.where(np.arange(n_tokens) == l, 1.0, per_token), axis=-1)
+    full.append((p0_S[:, None] * per_token.prod(-1)).T @ by_x0_l)
+    context.append((p0_S[:, None] * others).T @ by_x0_l)
+  normalize = lambda w: np.stack(w, 1) / np.stack(w, 1).sum(-1, keepdims=True)
+  return normalize(full), normalize(context)
+
+
+def log_t_quadrature(points=96, t0=1e-7):
+  """Gauss-Legendre nodes and weights for ∫_{t0}^1 dt in s = log t, where f(t) dt = f(e^s) e^s ds is smooth: the
+  integrand's log(1/t) growth becomes s·e^s. Each node is moved to where alpha = 1 - t is a float32 (by < 6e-8),
+  so the float32 integrand and the float64 posteriors and weights see the same alpha."""
+  nodes, weights = np.polynomial.legendre.leggauss(points)
+  lo = math.log(t0)
+  s = lo + (nodes + 1) / 2 * -lo
+  alpha = np.float32(1 - np.exp(s)).astype(np.float64)
+  return 1 - alpha, weights * -lo / 2 * np.exp(s)
+
+
+def data_bound(p0_S, length, model, points=96, t0=1e-7):
+  """∫_0^1 Σ_{x0} p(x0) Σ_{x_t} q(x_t | x0) Σ_l f_l dt, f = `uniform_elbo_per_token`, with the model's logits a
+  table indexed by x_t, one per t: model(full, context, alpha) -> [S, L, V] logits. The piece [0, t0] is
+  t0·f(t0): the integrand is c·log(1/t) + b there, so this leaves out c·t0 <= length·t0 = 2e-7 nats."""
+  states = canvases(length)
+  s = len(states)
+  t_values, weights = log_t_quadrature(points, t0)
+  logits, x0, x_t, alpha, mass = [], [], [], [], []
+  for t in t_values:
+    table_SxLxV = np.asarray(model(*token_posteriors(p0_S, states, 1 - t), 1 - t), np.float64)
+    lik = (1 - t) * np.eye(V) + t / V  # lik[x0 token, x_t token]
+    q = lik[states[:, None, :], states[None, :, :]].prod(-1)  # [S (x0), S (x_t)]: q(x_t | x0)
+    logits.append(np.tile(table_SxLxV, (s, 1, 1)))
+    x0.append(np.repeat(states, s, 0))
+    x_t.append(np.tile(states, (s, 1)))
+    alpha.append(np.full(s * s, 1 - t))
+    mass.append((p0_S[:, None] * q).ravel())  # row x0 * s + x_t, as the repeat / tile above
+  f = losses.uniform_elbo_per_token(jnp.asarray(np.concatenate(logits), jnp.float32),
+                                    jnp.asarray(np.concatenate(x0)), jnp.asarray(np.concatenate(x_t)),
+                                    jnp.asarray(np.concatenate(alpha), jnp.float32),
+                                    -jnp.ones(len(t_values) * s * s, jnp.float32))
+  f_t = (np.asarray(f, np.float64).sum(-1) * np.concatenate(mass)).reshape(len(t_values), s * s).sum(-1)
+  return f_t @ weights + t0 * f_t[0]
+
+
+def context_only(full, context, alpha):
+  return np.log(context)
+
+
+def full_posterior(full, context, alpha):
+  return np.log(full)
+
+
+def bayes_converted(full, context, alpha):
+  states = canvases(full.shape[1])
+  return losses.context_only_logits(jnp.asarray(np.log(full), jnp.float32), jnp.asarray(states),
+                                    jnp.full(len(states), alpha, jnp.float32))
+
+
+@pytest.mark.parametrize("length,seed", [(1, 0), (2, 0), (2, 1)])
+def test_the_bound_is_the_entropy_for_the_context_only_posterior_and_loose_for_the_full_one(length, seed):
+  p0 = data_distribution(length, seed)
+  entropy = -np.sum(p0 * np.log(p0))
+  # 1e-5 nats: float32 rounding of the integrand, the quadrature (in float64, doubling the nodes moves it by
+  # < 3e-8) and the left-out [0, t0] (<= 2e-7) land within 4e-7 of H here; room, and 1e4 times under the gap.
+  assert data_bound(p0, length, context_only) == pytest.approx(entropy, abs=1e-5)
+  assert data_bound(p0, length, bayes_converted) == pytest.approx(entropy, abs=1e-5)
+  # the full posterior is what a flat cross-entropy trains toward: 0.36 nats (L = 1) and 0.90 (L = 2) too many
+  assert data_bound(p0, length, full_posterior) > entropy + 0.1
+
+
+def test_the_full_and_context_only_posteriors_differ_and_the_tables_are_consistent():
+  """The tables the test above feeds are what they claim: at mid noise the two posteriors differ, and at L = 1
+  the context-only one is the marginal p(x0) whatever x_t."""
+  p0 = data_distribution(1, 0)
+  full, context = token_posteriors(p0, canvases(1), 0.5)
+  np.testing.assert_allclose(context, np.broadcast_to(p0, (V, 1, V)), atol=1e-12)
+  assert np.abs(full - context).max() > 0.05
+  p0 = data_distribution(2, 0)
+  full, context = token_posteriors(p0, canvases(2), 0.5)
+  # token 0 given the other noisy token k: ∝ Σ_{x0_1} p(x0_0, x0_1) q(k | x0_1), a matrix product
+  expected = (p0.reshape(V, V) @ (0.5 * np.eye(V) + 0.5 / V))[:, canvases(2)[:, 1]].T
+  np.testing.assert_allclose(context[:, 0], expected / expected.sum(-1, keepdims=True), atol=1e-12)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.9, 1 - 2.0 ** -20])
+def test_context_only_logits_is_bayes_division_by_the_own_token_likelihood(alpha):
+  rng = np.random.default_rng(7)
+  b, n, v = 4, 5, 6
+  logits = rng.normal(0, 2, (b, n, v))
+  x_t, x0 = rng.integers(0, v, (b, n)), rng.integers(0, v, (b, n))
+  probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+  divided = probs / (alpha * np.eye(v)[x_t] + (1 - alpha) / v)  # p_j / q(x_t | x0 = j), in float64
+  divided /= divided.sum(-1, keepdims=True)
+  alpha_B = jnp.full(b, alpha, jnp.float32)
+  converted = losses.context_only_logits(jnp.asarray(logits, jnp.float32), jnp.asarray(x_t), alpha_B)
+  np.testing.assert_allclose(jax.nn.softmax(converted, -1), divided, rtol=1e-5, atol=1e-7)
+  elbo_of = lambda lg: losses.uniform_elbo_per_token(jnp.asarray(lg, jnp.float32), jnp.asarray(x0),
+                                                     jnp.asarray(x_t), alpha_B, -jnp.ones(b, jnp.float32))
+  np.testing.assert_allclose(elbo_of(converted), elbo_of(np.log(divided)), rtol=1e-4, atol=1e-5)
+
+
+def test_context_only_logits_at_alpha_one_drops_the_own_token_without_nan():
+  logits = jnp.zeros((1, 2, 3))
+  out = np.asarray(losses.context_only_logits(logits, jnp.array([[1, 2]]), jnp.ones(1)))
+  assert np.isneginf(out[0, 0, 1]) and np.isneginf(out[0, 1, 2])
+  assert np.isfinite(np.delete(out[0, 0], 1)).all() and np.isfinite(np.delete(out[0, 1], 2)).all()
