@@ -36,6 +36,11 @@ flags.DEFINE_integer("limit", 0, "Evaluate only the first N examples (0: all).",
 flags.DEFINE_integer("batch_size", 16, "Examples per batch.", **_D)
 flags.DEFINE_enum("mode", "auto", ["auto", "diffusion", "ar"],
                   "auto: ar for a checkpoint trained with diffusion_loss_weight 0, else diffusion.", **_D)
+flags.DEFINE_enum("denoiser_output", "context", ["context", "full"],
+                  "How the bound reads the denoiser's softmax at a token: context = p(x0 | the other noisy tokens), "
+                  "what diffusion.loss=elbo trains and the bound is tight for; full = p(x0 | all noisy tokens, its "
+                  "own included), what the recipe's flat cross-entropy trains, converted by Bayes before the bound "
+                  "(docs/text.md).", **_D)
 flags.DEFINE_integer("seed", 0, "The key of the corruptions (fixed: runs with the same seed see the same noise).", **_D)
 flags.DEFINE_string("json_out", None, "Also write the numbers to this JSON file.", **_D)
 
@@ -59,7 +64,8 @@ def report(out: dict) -> str:
   for t, e, ce in zip(out["t"], out["elbo_integrand_bits_by_t"], out["cross_entropy_bits_by_t"]):
     lines.append(f"{t:.4f}   {e:12.4f}  {ce:13.4f}")
   lines.append(f"ELBO: {out['bits_per_token']:.4f} ± {out['stderr_bits_per_token']:.4f} bits/token (upper bound on "
-               f"the NLL; {out['num_t']} stratified t values x {out['draws']} draw(s), seed {out['seed']}; "
+               f"the NLL; {out['num_t']} stratified t values x {out['draws']} draw(s), seed {out['seed']}, "
+               f"denoiser output read as {out['denoiser_output']}; "
                f"{out['num_examples']} examples, {out['num_tokens']} response tokens)")
   return "\n".join(lines)
 
@@ -91,7 +97,8 @@ def run() -> int:
     raise ValueError(f"--ckpt={FLAGS.ckpt} is not a text checkpoint (task {tasks.name_of(metadata)!r})")
   from dgemma.tasks.text import decoding, likelihood
   settings = likelihood.settings_from(decoding.trained_diffusion(metadata), FLAGS.mode,
-                                      num_t=FLAGS.num_t, draws=FLAGS.draws, seed=FLAGS.seed)
+                                      num_t=FLAGS.num_t, draws=FLAGS.draws, seed=FLAGS.seed,
+                                      denoiser_output=FLAGS.denoiser_output)
   encoder = task.encoder(data_config(metadata, os.path.abspath(FLAGS.data)))
   scorer = likelihood.Scorer(task.config, metadata.get("position_features"))
   out = likelihood.evaluate(scorer, params, likelihood.batches(encoder, FLAGS.batch_size, FLAGS.limit), settings)

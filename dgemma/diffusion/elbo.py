@@ -23,6 +23,13 @@ from dgemma.diffusion import corruption, losses, schedules
 
 Denoiser = Callable[[Int[Array, "B L"]], Float[Array, "B L V"]]  # x_t -> logits of p_θ(x_0 | x_t)
 
+# How the bound reads the denoiser's softmax at token l. "context": as p(x0_l | x_t^{-l}), the posterior given the
+# other noisy tokens, which is what makes the bound tight (the parameterization `diffusion.loss=elbo` trains).
+# "full": as p(x0_l | x_t), the posterior a flat cross-entropy trains toward, turned into the context-only one by
+# Bayes (`losses.context_only_logits`) before the bound is computed. tests/diffusion/test_elbo.py: both are tight
+# for the exact posterior they name, and reading a full posterior as "context" is not.
+DENOISER_OUTPUTS = ("context", "full")
+
 
 def stratified_t(num_t: int, eps: float = 1e-4) -> Float[Array, "K"]:
   """The K midpoints (k + 1/2)/K, clipped into [eps, 1 - eps] (a no-op unless K > 1/(2 eps))."""
@@ -33,11 +40,14 @@ def stratified_t(num_t: int, eps: float = 1e-4) -> Float[Array, "K"]:
 
 def strata_sums(denoise: Denoiser, x0_BxL: Int[Array, "B L"], mask_BxL: Bool[Array, "B L"], vocab_size: int,
                 schedule: str, num_t: int, key: jax.Array, eps: float = 1e-4,
-                draws: int = 1) -> tuple[Float[Array, "B K"], Float[Array, "B K"]]:
+                draws: int = 1, denoiser_output: str = "context") -> tuple[Float[Array, "B K"], Float[Array, "B K"]]:
   """Per example and stratum, summed over the masked tokens (nats), averaged over `draws` corruptions:
-  (the NELBO integrand, the flat cross-entropy -log p_θ(x_0|x_t) of training's loss). Stratum k's noise comes
+  (the NELBO integrand, the flat cross-entropy -log p_θ(x_0|x_t) of training's loss). `denoiser_output`: how the
+  bound reads the logits (DENOISER_OUTPUTS); the cross-entropy always reads them as they are. Stratum k's noise comes
   from fold_in(key, k), so it does not depend on K's other strata or on the batch's other calls. `key`: one key,
   or one per example ([B] keys), which makes an example's noise independent of the batch it is in."""
+  if denoiser_output not in DENOISER_OUTPUTS:
+    raise ValueError(f"denoiser_output must be one of {DENOISER_OUTPUTS}, got {denoiser_output!r}")
   t_K = stratified_t(num_t, eps)
   b = x0_BxL.shape[0]
   m = mask_BxL.astype(jnp.float32)
@@ -49,7 +59,8 @@ def strata_sums(denoise: Denoiser, x0_BxL: Int[Array, "B L"], mask_BxL: Bool[Arr
     for d in range(draws):
       x_t = _corrupt(_fold(_fold(key, k), d), x0_BxL, alpha_B, vocab_size)
       logits = denoise(x_t)
-      elbo_B += jnp.sum(losses.uniform_elbo_per_token(logits, x0_BxL, x_t, alpha_B, dalpha_B) * m, -1)
+      bound_logits = logits if denoiser_output == "context" else losses.context_only_logits(logits, x_t, alpha_B)
+      elbo_B += jnp.sum(losses.uniform_elbo_per_token(bound_logits, x0_BxL, x_t, alpha_B, dalpha_B) * m, -1)
       ce_B += jnp.sum(losses.token_cross_entropy(logits, x0_BxL) * m, -1)
     elbo_cols.append(elbo_B / draws)
     ce_cols.append(ce_B / draws)

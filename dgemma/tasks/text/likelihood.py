@@ -32,10 +32,13 @@ class Settings:
   seed: int = 0
   schedule: str = "linear"
   t_eps: float = 1e-4
+  denoiser_output: str = "context"  # how the bound reads the denoiser (elbo.DENOISER_OUTPUTS)
 
   def __post_init__(self):
     if self.mode not in ("diffusion", "ar"):
       raise ValueError(f"likelihood mode must be 'diffusion' or 'ar', got {self.mode!r}")
+    if self.denoiser_output not in elbo.DENOISER_OUTPUTS:
+      raise ValueError(f"--denoiser_output must be one of {elbo.DENOISER_OUTPUTS}, got {self.denoiser_output!r}")
     for name in ("num_t", "draws"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -116,7 +119,7 @@ def evaluate(scorer: Scorer, params, batch_iter: Iterable[dict], s: Settings) ->
       end = jnp.full((b,), p + j * c, jnp.int32)
       keys_j = jax.vmap(lambda k: jax.random.fold_in(k, j))(keys_B)
       e, ce = elbo.strata_sums(lambda x_t: scorer.denoise(params, x_t, cache, end), x0, m, config.vocab_size,
-                               s.schedule, s.num_t, keys_j, s.t_eps, s.draws)
+                               s.schedule, s.num_t, keys_j, s.t_eps, s.draws, s.denoiser_output)
       e_BxK += np.asarray(e, np.float64)
       ce_BxK += np.asarray(ce, np.float64)
     elbo_rows.append(e_BxK)
@@ -134,7 +137,7 @@ def evaluate(scorer: Scorer, params, batch_iter: Iterable[dict], s: Settings) ->
             "num_examples": n, "num_tokens": int(tokens_B.sum())}
   out = elbo.summarize(np.concatenate(elbo_rows), np.concatenate(ce_rows), tokens_B)
   return {"mode": "diffusion", "t": [float(t) for t in np.asarray(elbo.stratified_t(s.num_t, s.t_eps))],
-          "draws": s.draws, "seed": s.seed, "schedule": s.schedule, **out}
+          "draws": s.draws, "seed": s.seed, "schedule": s.schedule, "denoiser_output": s.denoiser_output, **out}
 
 
 def scalars(out: dict) -> dict[str, float]:

@@ -56,6 +56,23 @@ def test_a_diffusion_checkpoint_gets_the_elbo(runs, capsys):
   assert json.loads(again.read_text())["bits_per_token"] == pytest.approx(out["bits_per_token"], rel=1e-6)
 
 
+def test_reading_the_denoiser_as_the_full_posterior_changes_the_bound_only(runs):
+  """--denoiser_output=full converts each token's logits by Bayes before the bound (tests/diffusion/test_elbo.py
+  checks the conversion against enumeration); the noise, and so training's cross-entropy per level, are the same."""
+  root, data = runs
+  outs = {}
+  for reading in ("context", "full"):
+    path = root / f"reading_{reading}.json"
+    assert load_script("scripts/eval_text.py").main(
+        ["eval_text.py", f"--ckpt={root / 'diffusion' / 'model'}", f"--data={data}", "--num_t=4",
+         f"--denoiser_output={reading}", f"--json_out={path}"]) == 0
+    outs[reading] = json.loads(path.read_text())
+    assert outs[reading]["denoiser_output"] == reading
+  assert outs["full"]["cross_entropy_bits_by_t"] == pytest.approx(outs["context"]["cross_entropy_bits_by_t"], rel=1e-6)
+  assert all(math.isfinite(v) and v > 0 for v in outs["full"]["elbo_integrand_bits_by_t"])
+  assert abs(outs["full"]["bits_per_token"] - outs["context"]["bits_per_token"]) > 1e-3
+
+
 def test_an_ar_checkpoint_gets_its_exact_nll(runs):
   root, data = runs
   out_path = root / "ar.json"
