@@ -1,7 +1,8 @@
 """Held-out likelihood of a text checkpoint (docs/text.md, "Held-out likelihood").
 
   python scripts/eval_text.py --ckpt=PATH --data=FILE.jsonl [--num_t=16] [--draws=1] [--limit=N]
-      [--batch_size=16] [--mode=auto|diffusion|ar] [--seed=0] [--json_out=F]
+      [--batch_size=16] [--mode=auto|diffusion|ar] [--denoiser_output=auto|context|full] [--seed=0]
+      [--json_out=F]
 
 --data is read as the checkpoint's training data was (its recorded task and data settings: JSONL, plain text or
 ArrayRecord), in file order, without shuffling. A diffusion checkpoint gets the continuous-time uniform-state
@@ -36,11 +37,11 @@ flags.DEFINE_integer("limit", 0, "Evaluate only the first N examples (0: all).",
 flags.DEFINE_integer("batch_size", 16, "Examples per batch.", **_D)
 flags.DEFINE_enum("mode", "auto", ["auto", "diffusion", "ar"],
                   "auto: ar for a checkpoint trained with diffusion_loss_weight 0, else diffusion.", **_D)
-flags.DEFINE_enum("denoiser_output", "context", ["context", "full"],
+flags.DEFINE_enum("denoiser_output", "auto", ["auto", "context", "full"],
                   "How the bound reads the denoiser's softmax at a token: context = p(x0 | the other noisy tokens), "
                   "what diffusion.loss=elbo trains and the bound is tight for; full = p(x0 | all noisy tokens, its "
-                  "own included), what the recipe's flat cross-entropy trains, converted by Bayes before the bound "
-                  "(docs/text.md).", **_D)
+                  "own included), what the recipe's flat cross-entropy trains, converted by Bayes before the bound; "
+                  "auto: what the checkpoint's training loss trains (docs/text.md).", **_D)
 flags.DEFINE_integer("seed", 0, "The key of the corruptions (fixed: runs with the same seed see the same noise).", **_D)
 flags.DEFINE_string("json_out", None, "Also write the numbers to this JSON file.", **_D)
 

@@ -45,11 +45,14 @@ class Settings:
         raise ValueError(f"--{name} must be >= 1, got {value}")
 
 
-def settings_from(diffusion: dict, mode: str = "auto", **kw) -> Settings:
+def settings_from(diffusion: dict, mode: str = "auto", denoiser_output: str = "auto", **kw) -> Settings:
   """Settings from a training config's `diffusion` section: mode auto is 'ar' for an objective=ar run
-  (decoding.mode)."""
+  (decoding.mode); denoiser_output auto is what the run's loss trains: 'context' for loss=elbo, else 'full' (the
+  recipe's flat cross-entropy; also a checkpoint without a training config, as HF's)."""
+  if denoiser_output == "auto":
+    denoiser_output = "context" if diffusion.get("loss", "flat_ce") == "elbo" else "full"
   return Settings(mode=decoding.mode(diffusion, mode), schedule=diffusion.get("schedule", "linear"),
-                  t_eps=float(diffusion.get("t_eps", 1e-4)), **kw)
+                  t_eps=float(diffusion.get("t_eps", 1e-4)), denoiser_output=denoiser_output, **kw)
 
 
 def batches(encoder, batch_size: int, limit: int = 0) -> Iterator[dict[str, np.ndarray]]:

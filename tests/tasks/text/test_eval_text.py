@@ -15,7 +15,7 @@ from configs import text as text_config
 from dgemma import tasks
 from dgemma.loading import load_model
 from dgemma.sampling import ARConfig, generate_autoregressive
-from dgemma.tasks.text import samples
+from dgemma.tasks.text import likelihood, samples
 from dgemma.training import metrics
 from tests.script_loader import load_script
 
@@ -61,16 +61,23 @@ def test_reading_the_denoiser_as_the_full_posterior_changes_the_bound_only(runs)
   checks the conversion against enumeration); the noise, and so training's cross-entropy per level, are the same."""
   root, data = runs
   outs = {}
-  for reading in ("context", "full"):
+  for reading in ("context", "full", "auto"):
     path = root / f"reading_{reading}.json"
     assert load_script("scripts/eval_text.py").main(
         ["eval_text.py", f"--ckpt={root / 'diffusion' / 'model'}", f"--data={data}", "--num_t=4",
          f"--denoiser_output={reading}", f"--json_out={path}"]) == 0
     outs[reading] = json.loads(path.read_text())
-    assert outs[reading]["denoiser_output"] == reading
+  assert [outs[r]["denoiser_output"] for r in ("context", "full", "auto")] == ["context", "full", "full"]
+  assert outs["auto"]["bits_per_token"] == outs["full"]["bits_per_token"]  # auto: a flat-CE run reads as full
   assert outs["full"]["cross_entropy_bits_by_t"] == pytest.approx(outs["context"]["cross_entropy_bits_by_t"], rel=1e-6)
   assert all(math.isfinite(v) and v > 0 for v in outs["full"]["elbo_integrand_bits_by_t"])
   assert abs(outs["full"]["bits_per_token"] - outs["context"]["bits_per_token"]) > 1e-3
+
+
+@pytest.mark.parametrize("loss, reading", [("flat_ce", "full"), ("elbo", "context"), (None, "full")])
+def test_auto_reads_the_denoiser_as_its_loss_trained_it(loss, reading):
+  diffusion = {} if loss is None else {"loss": loss}  # None: no training config (an HF checkpoint): the recipe's
+  assert likelihood.settings_from(diffusion).denoiser_output == reading
 
 
 def test_an_ar_checkpoint_gets_its_exact_nll(runs):
