@@ -32,7 +32,7 @@ class Settings:
   seed: int = 0
   schedule: str = "linear"
   t_eps: float = 1e-4
-  denoiser_output: str = "context"  # how the bound reads the denoiser (elbo.DENOISER_OUTPUTS)
+  denoiser_output: str = "full"  # how the bound reads the denoiser (elbo.DENOISER_OUTPUTS); the recipe's flat CE: full
 
   def __post_init__(self):
     if self.mode not in ("diffusion", "ar"):
