@@ -19,9 +19,6 @@ from dgemma.diffusion import schedules
 
 LOSSES = ("flat_ce", "elbo")  # flat_ce: the official recipe's unweighted CE; elbo: the uniform-state NELBO
 AR_TARGETS = ("all", "canvas")  # the AR loss on [prompt ‖ canvas] (official) or on the canvas only
-# Which canvases of a multi-canvas example the denoiser trains on per step: one at random among the non-empty ones
-# (official), or all of them, each at its own noise level against the clean canvases before it (one encoding).
-CANVAS_SELECTIONS = ("random", "all")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +49,6 @@ class ObjectiveConfig:
   # time, never holding all [B, T, V] logits (dgemma/diffusion/chunked.py); the same numbers up to float rounding.
   # 0: from the whole logits.
   loss_chunk_tokens: int = 0
-  canvas_selection: str = "random"  # one of CANVAS_SELECTIONS
 
   def __post_init__(self):
     for name in ("t_eps", "diffusion_loss_weight", "ar_loss_weight", "self_cond_prob", "t_tilt",
@@ -75,11 +71,6 @@ class ObjectiveConfig:
       raise ValueError(f"diffusion.loss must be one of {LOSSES}, got {self.loss!r}")
     if self.ar_targets not in AR_TARGETS:
       raise ValueError(f"diffusion.ar_targets must be one of {AR_TARGETS}, got {self.ar_targets!r}")
-    if self.canvas_selection not in CANVAS_SELECTIONS:
-      raise ValueError(f"diffusion.canvas_selection must be one of {CANVAS_SELECTIONS}, got {self.canvas_selection!r}")
-    if self.canvas_selection == "all" and self.ordered_noise_prob > 0:
-      raise ValueError("diffusion.canvas_selection='all' does not support ordered_noise_prob > 0 (its noise ranks "
-                       "order a whole row, not one canvas)")
     if not 0 < self.t_eps < 0.5:
       raise ValueError(f"diffusion.t_eps must be in (0, 0.5), got {self.t_eps!r}")
     for name in ("diffusion_loss_weight", "ar_loss_weight", "t_tilt"):

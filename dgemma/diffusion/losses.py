@@ -63,12 +63,9 @@ def context_only_logits(logits_BxLxV: Float[Array, "B L V"], xt_BxL: Int[Array, 
   return jnp.where(own, logits_BxLxV.astype(jnp.float32) - own_likelihood_ratio, logits_BxLxV.astype(jnp.float32))
 
 
-def noise_bin_stats(loss_B: Float[Array, "B"], t_B: Float[Array, "B"], num_bins: int,
-                    counted_B: Bool[Array, "B"] | None = None) -> tuple[Array, Array]:
+def noise_bin_stats(loss_B: Float[Array, "B"], t_B: Float[Array, "B"], num_bins: int) -> tuple[Array, Array]:
   """(sum of losses, count) per equal-width bin of t in [0, 1]: summed over steps, they give the mean loss
-  per noise level over any logging window. `counted_B`: only these rows (default: all)."""
+  per noise level over any logging window."""
   bins = jnp.clip((t_B * num_bins).astype(jnp.int32), 0, num_bins - 1)
   one_hot = jax.nn.one_hot(bins, num_bins, dtype=jnp.float32)
-  if counted_B is not None:
-    one_hot = one_hot * counted_B.astype(jnp.float32)[:, None]
   return one_hot.T @ loss_B.astype(jnp.float32), jnp.sum(one_hot, axis=0)

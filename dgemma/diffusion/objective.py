@@ -2,8 +2,7 @@
 
 Per example: draw t and corrupt every canvas; pick one canvas s among the non-empty ones; encode
 [prompt ‖ clean canvases] causally (cache + AR logits); denoise the noisy canvas s against the cache seen
-up to slot P + s·C (prompt and clean canvases < s); self-condition; score. With canvas_selection='all' every
-canvas j is a row of its own (its own t), denoised against the same encoding seen up to P + j·C.
+up to slot P + s·C (prompt and clean canvases < s); self-condition; score.
 """
 
 from __future__ import annotations
@@ -62,17 +61,12 @@ def loss_fn(params: dict, config: ModelConfig, objective: ObjectiveConfig, batch
   clean, clean_mask = canvas, canvas_mask  # what the encoder reads: b rows
   canvas, canvas_mask = repeat(canvas), repeat(canvas_mask)  # what the denoiser scores: b·k rows
   bd = b * draws
-  n = canvas.shape[1] // c
-  every_canvas = objective.canvas_selection == "all"
-  # The denoiser's rows: one per example and draw, or with every_canvas one per example, draw and canvas
-  # (row r is canvas r % n of draw-row r // n), each with its own noise level.
-  rows = bd * n if every_canvas else bd
 
   # 1. Noise level and corruption of every canvas.
   tilt = corruption.tilt_at(step, objective.t_tilt, objective.t_tilt_steps)
-  t = corruption.sample_t(t_rng, rows, objective.t_eps, tilt)
+  t = corruption.sample_t(t_rng, bd, objective.t_eps, tilt)
   alpha, dalpha = schedules.alpha_and_derivative(objective.schedule, t)
-  x_t, _ = corruption.corrupt(noise_rng, canvas.reshape(rows, -1), alpha, config.vocab_size)
+  x_t, _ = corruption.corrupt(noise_rng, canvas, alpha, config.vocab_size)
   if objective.ordered_noise_prob > 0:  # corrupt late-deduced tokens first (batch["noise_rank"])
     if "noise_rank" not in batch:
       raise ValueError("diffusion.ordered_noise_prob > 0 needs a task whose batches carry 'noise_rank'")
@@ -80,7 +74,7 @@ def loss_fn(params: dict, config: ModelConfig, objective: ObjectiveConfig, batch
     x_ordered, _ = corruption.corrupt_in_order(order_rng, canvas, alpha, config.vocab_size,
                                                repeat(batch["noise_rank"]))
     x_t = jnp.where(jax.random.bernoulli(pick_rng, objective.ordered_noise_prob, (bd, 1)), x_ordered, x_t)
-  s = None if every_canvas else select_canvas(s_rng, canvas_mask, c)
+  s = select_canvas(s_rng, canvas_mask, c)
 
   # 2. Encoder: causal pass over [prompt ‖ clean canvases] builds the cache and the AR logits.
   full = jnp.concatenate([prompt, clean], axis=1)
@@ -113,34 +107,24 @@ def loss_fn(params: dict, config: ModelConfig, objective: ObjectiveConfig, batch
     metrics["loss"] = total
     return total, metrics
 
-  # 3. Denoiser on canvas s (or each canvas j), seeing the prompt and the clean canvases before it.
-  if every_canvas:
-    cache = jax.tree_util.tree_map(lambda x: jnp.repeat(x, draws * n, axis=0), cache)
-    cache = cache.with_end(p + jnp.tile(jnp.arange(n, dtype=jnp.int32) * c, bd))
-    xt_s, x0_s, mask_s = x_t, canvas.reshape(rows, c), canvas_mask.reshape(rows, c)
-  else:
-    cache = jax.tree_util.tree_map(repeat, cache).with_end(p + s * c)
-    xt_s, x0_s, mask_s = take_canvas(x_t, s, c), take_canvas(canvas, s, c), take_canvas(canvas_mask, s, c)
+  # 3. Denoiser on canvas s, seeing the prompt and the clean canvases before s.
+  cache = jax.tree_util.tree_map(repeat, cache).with_end(p + s * c)
+  xt_s, x0_s, mask_s = take_canvas(x_t, s, c), take_canvas(canvas, s, c), take_canvas(canvas_mask, s, c)
   if chunk:
-    per_token, correct = _chunked_denoiser(model, params, objective, xt_s, x0_s, cache, alpha, dalpha, sc_rng, rows,
+    per_token, correct = _chunked_denoiser(model, params, objective, xt_s, x0_s, cache, alpha, dalpha, sc_rng, bd,
                                            position_features)
   else:
-    per_token, correct = _denoiser(model, params, objective, xt_s, x0_s, cache, alpha, dalpha, sc_rng, rows,
+    per_token, correct = _denoiser(model, params, objective, xt_s, x0_s, cache, alpha, dalpha, sc_rng, bd,
                                    position_features)
   diffusion_B = losses.masked_mean(per_token, mask_s)
-  accuracy_B = losses.masked_mean(correct, mask_s)
-  # Unweighted over rows: comparable across runs and noise bins. With every canvas, the canvases holding no target
-  # token (an example's padding) are not rows of the mean; one random canvas always holds some (select_canvas).
-  counted = jnp.any(mask_s, -1) if every_canvas else None
-  row_mean = (lambda v: jnp.sum(v * counted) / jnp.maximum(jnp.sum(counted), 1)) if every_canvas else jnp.mean
-  metrics["diffusion_loss"] = row_mean(diffusion_B)
-  metrics["diffusion_accuracy"] = row_mean(accuracy_B)
+  metrics["diffusion_loss"] = jnp.mean(diffusion_B)  # unweighted: comparable across runs and noise bins
+  metrics["diffusion_accuracy"] = jnp.mean(losses.masked_mean(correct, mask_s))
   total = total + objective.diffusion_loss_weight * metrics["diffusion_loss"]
   metrics["loss"] = total
   if objective.t_tilt > 0:
     metrics["t_tilt"] = tilt
   metrics["loss_by_t_sum"], metrics["loss_by_t_count"] = losses.noise_bin_stats(diffusion_B, t,
-                                                                                 objective.num_noise_bins, counted)
+                                                                                 objective.num_noise_bins)
   return total, metrics
 
 

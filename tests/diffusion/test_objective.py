@@ -109,45 +109,6 @@ def test_diffusion_loss_covers_exactly_canvas_s(self_cond_prob, passes):
   np.testing.assert_allclose(float(metrics["diffusion_loss"]), np.mean(expected), rtol=1e-4)
 
 
-@pytest.mark.parametrize("self_cond_prob,draws", [(0.0, 1), (1.0, 1), (0.0, 2)])
-def test_every_canvas_is_scored_against_its_own_prefix(self_cond_prob, draws):
-  """canvas_selection='all': the diffusion loss is the mean, over the canvases holding a target token, of each
-  canvas's masked CE given its noisy version (its own noise level), recomputed canvas by canvas with a cache of
-  only the prompt and the clean canvases before it; empty canvases count in no noise bin."""
-  params = model.init_params(CONFIG, jax.random.key(2))
-  rng = np.random.default_rng(2)
-  b, n, c = 3, 3, 4
-  batch = {"prompt": jnp.asarray(rng.integers(3, 64, (b, 5)), jnp.int32),
-           "canvas": jnp.asarray(rng.integers(3, 64, (b, n * c)), jnp.int32),
-           "canvas_mask": jnp.asarray([[1] * 12, [1] * 6 + [0] * 6, [1] * 3 + [0] * 9], bool)}
-  key = jax.random.key(5)
-  cfg = _cfg(canvas_selection="all", self_cond_prob=self_cond_prob, noise_draws=draws)
-  _, metrics = jax.jit(lambda p: objective.loss_fn(p, CONFIG, cfg, batch, key))(params)
-  t_rng, noise_rng, _, _ = jax.random.split(key, 4)
-  rows = b * draws * n
-  t = corruption.sample_t(t_rng, rows, 1e-4)
-  canvas_rows = jnp.repeat(batch["canvas"], draws, axis=0).reshape(rows, c)
-  x_t, _ = corruption.corrupt(noise_rng, canvas_rows, 1.0 - t, CONFIG.vocab_size)
-  full = jnp.concatenate([batch["prompt"], batch["canvas"]], 1)
-  expected, counted_t = [], []
-  for r in range(rows):
-    example, j = r // (draws * n), r % n
-    mask = batch["canvas_mask"][example, j * c:(j + 1) * c]
-    if not bool(jnp.any(mask)):
-      continue
-    _, cache = model.encode(params, CONFIG, full[example:example + 1, :5 + j * c], model.init_cache(CONFIG, 1, 17))
-    logits = model.denoise(params, CONFIG, x_t[r:r + 1], cache)
-    if self_cond_prob:
-      logits = model.denoise(params, CONFIG, x_t[r:r + 1], cache, logits)
-    ce = losses.token_cross_entropy(logits, canvas_rows[r:r + 1])[0]
-    expected.append(float(jnp.sum(ce * mask) / jnp.sum(mask)))
-    counted_t.append(float(t[r]))
-  assert len(expected) == draws * (3 + 2 + 1)
-  np.testing.assert_allclose(float(metrics["diffusion_loss"]), np.mean(expected), rtol=1e-4)
-  bins = np.clip((np.asarray(counted_t) * 10).astype(int), 0, 9)
-  np.testing.assert_array_equal(np.asarray(metrics["loss_by_t_count"]), np.bincount(bins, minlength=10))
-
-
 def test_self_conditioning_rows_are_a_random_share_of_the_batch():
   rows = [tuple(np.asarray(objective.self_conditioning_rows(jax.random.key(i), 10, 0.5))) for i in range(50)]
   assert all(len(r) == 5 and len(set(r)) == 5 and list(r) == sorted(r) and 0 <= r[0] and r[-1] < 10 for r in rows)

@@ -18,7 +18,7 @@ def test_defaults_are_the_official_recipe():
   assert dataclasses.asdict(ObjectiveConfig()) == dict(
       schedule="linear", t_eps=1e-4, loss="flat_ce", num_noise_bins=10, diffusion_loss_weight=1.0,
       ar_loss_weight=1.0, ar_targets="all", self_cond_prob=0.5, self_cond_passes=1, t_tilt=0.0, t_tilt_steps=0,
-      noise_draws=1, ordered_noise_prob=0.0, loss_chunk_tokens=0, canvas_selection="random")
+      noise_draws=1, ordered_noise_prob=0.0, loss_chunk_tokens=0)
   hash(ObjectiveConfig())  # jit closes over it
   with pytest.raises(dataclasses.FrozenInstanceError):
     ObjectiveConfig().t_eps = 0.1
@@ -28,8 +28,6 @@ def test_defaults_are_the_official_recipe():
     (dict(schedule="quadratic"), "diffusion.schedule must be one of"),
     (dict(loss="mse"), "diffusion.loss must be one of"),
     (dict(ar_targets="prompt"), "diffusion.ar_targets must be one of"),
-    (dict(canvas_selection="first"), "diffusion.canvas_selection must be one of"),
-    (dict(canvas_selection="all", ordered_noise_prob=0.5), "canvas_selection='all' does not support ordered_noise"),
     (dict(t_eps=0.0), r"diffusion.t_eps must be in \(0, 0.5\)"),
     (dict(t_eps=0.5), r"diffusion.t_eps must be in \(0, 0.5\)"),
     (dict(t_eps=float("nan")), "diffusion.t_eps must be a finite number in float32"),

@@ -89,11 +89,6 @@ def test_knobs_added_later_resume_runs_saved_without_them():
   run_config.check_resume(saved, _config(diffusion=ml_collections.ConfigDict(dict(loss_chunk_tokens=4096))), "w", 6)
   with pytest.raises(ValueError, match=r"grad_accum_steps: 1 -> 2"):
     run_config.check_resume(saved, _config(grad_accum_steps=2), "w", 6)
-  # diffusion.canvas_selection came later still: 'random' resumes such a run, 'all' trains something else.
-  run_config.check_resume(saved, _config(diffusion=ml_collections.ConfigDict(dict(canvas_selection="random"))),
-                          "w", 6)
-  with pytest.raises(ValueError, match=r"canvas_selection"):
-    run_config.check_resume(saved, _config(diffusion=ml_collections.ConfigDict(dict(canvas_selection="all"))), "w", 6)
 
 
 def test_fewer_steps_than_reached_is_refused():
