@@ -83,7 +83,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       self_cond_passes=1 if official else 2,  # no-gradient passes before the scored one (official: 1)
       ar_targets="all",  # "canvas": the AR loss only on the canvas
       ordered_noise_prob=0.0,  # share of examples corrupted in the order a solver deduces the cells
-      loss_chunk_tokens=0))  # > 0: the losses from the hidden states, this many tokens at a time (a memory knob)
+      loss_chunk_tokens=0,  # > 0: the losses from the hidden states, this many tokens at a time (a memory knob)
+      cache_gradient=True))  # False: the denoiser's loss does not train the encoder pass (a stop-gradient)
   if args.objective == "ar":  # same backbone and data, causal, left to right
     c.diffusion.update(dict(diffusion_loss_weight=0.0, ar_loss_weight=1.0, ar_targets="canvas",
                             self_cond_prob=0.0))

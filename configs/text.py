@@ -80,7 +80,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.diffusion = ml_collections.ConfigDict(dict(
       schedule="linear", t_eps=1e-4, loss="flat_ce", num_noise_bins=10, diffusion_loss_weight=1.0,
       t_tilt=0.0, t_tilt_steps=0, noise_draws=1, self_cond_prob=0.5, ar_loss_weight=0.0, self_cond_passes=1,
-      ar_targets="all", ordered_noise_prob=0.0, loss_chunk_tokens=0))
+      ar_targets="all", ordered_noise_prob=0.0, loss_chunk_tokens=0, cache_gradient=True))
   if args.objective == "ar":  # same backbone and data, causal, left to right, loss on the response only
     c.diffusion.update(dict(diffusion_loss_weight=0.0, ar_loss_weight=1.0, ar_targets="canvas", self_cond_prob=0.0))
 

@@ -49,6 +49,9 @@ class ObjectiveConfig:
   # time, never holding all [B, T, V] logits (dgemma/diffusion/chunked.py); the same numbers up to float rounding.
   # 0: from the whole logits.
   loss_chunk_tokens: int = 0
+  # False: the denoiser's loss does not reach the encoder pass that built its cache (a stop-gradient on the cache),
+  # so that pass runs forward only; the weights still learn from the denoiser's own pass (and any AR loss).
+  cache_gradient: bool = True
 
   def __post_init__(self):
     for name in ("t_eps", "diffusion_loss_weight", "ar_loss_weight", "self_cond_prob", "t_tilt",
@@ -65,6 +68,9 @@ class ObjectiveConfig:
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"diffusion.{name} must be an integer, got {value!r}")
       object.__setattr__(self, name, int(value))
+    if not isinstance(self.cache_gradient, (bool, np.bool_)):
+      raise ValueError(f"diffusion.cache_gradient must be true or false, got {self.cache_gradient!r}")
+    object.__setattr__(self, "cache_gradient", bool(self.cache_gradient))
     if self.schedule not in schedules.SCHEDULES:
       raise ValueError(f"diffusion.schedule must be one of {sorted(schedules.SCHEDULES)}, got {self.schedule!r}")
     if self.loss not in LOSSES:

@@ -108,6 +108,8 @@ def loss_fn(params: dict, config: ModelConfig, objective: ObjectiveConfig, batch
     return total, metrics
 
   # 3. Denoiser on canvas s, seeing the prompt and the clean canvases before s.
+  if not objective.cache_gradient:
+    cache = jax.lax.stop_gradient(cache)
   cache = jax.tree_util.tree_map(repeat, cache).with_end(p + s * c)
   xt_s, x0_s, mask_s = take_canvas(x_t, s, c), take_canvas(canvas, s, c), take_canvas(canvas_mask, s, c)
   if chunk:

@@ -28,7 +28,7 @@ MAY_CHANGE_ON_RESUME = (
 
 
 # Keys added after some runs were saved, and the value their absence means (the behaviour of those runs).
-ABSENT_MEANS = {"grad_accum_steps": 1, "diffusion.loss_chunk_tokens": 0}
+ABSENT_MEANS = {"grad_accum_steps": 1, "diffusion.loss_chunk_tokens": 0, "diffusion.cache_gradient": True}
 
 
 # Config keys that name files or directories (compared as absolute paths).

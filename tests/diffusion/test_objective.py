@@ -222,3 +222,50 @@ def test_noise_draws_equal_a_batch_of_repeated_examples(self_cond_prob, ar_weigh
   for (path, g_k), g_rep in zip(jax.tree_util.tree_leaves_with_path(grads_k), jax.tree.leaves(grads_rep)):
     np.testing.assert_allclose(np.asarray(g_k), np.asarray(g_rep), rtol=1e-4, atol=1e-5 * scale,
                                err_msg=jax.tree_util.keystr(path))
+
+
+def test_without_cache_gradient_the_encoder_pass_is_a_constant():
+  """cache_gradient=False: the loss is unchanged and its gradient is the recomputed denoiser loss's gradient with
+  the sampler-style prefix cache built from the same weights outside the differentiation (a constant)."""
+  params = model.init_params(CONFIG, jax.random.key(3))
+  rng = np.random.default_rng(3)
+  batch = {"prompt": jnp.asarray(rng.integers(3, 64, (3, 5)), jnp.int32),
+           "canvas": jnp.asarray(rng.integers(3, 64, (3, 8)), jnp.int32),
+           "canvas_mask": jnp.asarray([[1] * 8, [1, 1, 1, 0, 0, 0, 0, 0], [1] * 6 + [0, 0]], bool)}
+  key = jax.random.key(5)
+  value_and_grad = lambda cfg: jax.jit(jax.value_and_grad(
+      lambda p: objective.loss_fn(p, CONFIG, cfg, batch, key)[0]))(params)
+  loss_frozen, grads_frozen = value_and_grad(_cfg(ar_loss_weight=0.0, cache_gradient=False))
+  loss_full, grads_full = value_and_grad(_cfg(ar_loss_weight=0.0))
+
+  t_rng, noise_rng, s_rng, _ = jax.random.split(key, 4)
+  t = corruption.sample_t(t_rng, 3, 1e-4)
+  x_t, _ = corruption.corrupt(noise_rng, batch["canvas"], 1.0 - t, CONFIG.vocab_size)
+  s = [int(v) for v in np.asarray(objective.select_canvas(s_rng, batch["canvas_mask"], 4))]
+  full = jnp.concatenate([batch["prompt"], batch["canvas"]], 1)
+  caches = []
+  for b in range(3):  # each row's prefix cache, from the weights as they are: no gradient reaches it
+    prefix_len = 5 + 4 * s[b]
+    caches.append(model.encode(params, CONFIG, full[b:b + 1, :prefix_len], model.init_cache(CONFIG, 1, 13))[1])
+
+  def recomputed(p):
+    per_row = []
+    for b in range(3):
+      sb = s[b]
+      logits = model.denoise(p, CONFIG, x_t[b:b + 1, 4 * sb:4 * sb + 4], caches[b])
+      ce = losses.token_cross_entropy(logits, batch["canvas"][b:b + 1, 4 * sb:4 * sb + 4])[0]
+      mask = batch["canvas_mask"][b, 4 * sb:4 * sb + 4]
+      per_row.append(jnp.sum(ce * mask) / jnp.sum(mask))
+    return jnp.mean(jnp.stack(per_row))
+
+  loss_expected, grads_expected = jax.jit(jax.value_and_grad(recomputed))(params)
+  np.testing.assert_allclose(float(loss_frozen), float(loss_expected), rtol=1e-5)
+  np.testing.assert_allclose(float(loss_full), float(loss_frozen), rtol=1e-6)
+  scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grads_expected))
+  for (path, g), g_expected in zip(jax.tree_util.tree_leaves_with_path(grads_frozen), jax.tree.leaves(grads_expected)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(g_expected), rtol=1e-4, atol=1e-5 * scale,
+                               err_msg=jax.tree_util.keystr(path))
+  # The knob matters: with the cache's gradient the encoder pass adds to the same weights.
+  difference = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(grads_full),
+                                                                   jax.tree.leaves(grads_frozen)))
+  assert difference > 1e-3 * scale

@@ -18,7 +18,7 @@ def test_defaults_are_the_official_recipe():
   assert dataclasses.asdict(ObjectiveConfig()) == dict(
       schedule="linear", t_eps=1e-4, loss="flat_ce", num_noise_bins=10, diffusion_loss_weight=1.0,
       ar_loss_weight=1.0, ar_targets="all", self_cond_prob=0.5, self_cond_passes=1, t_tilt=0.0, t_tilt_steps=0,
-      noise_draws=1, ordered_noise_prob=0.0, loss_chunk_tokens=0)
+      noise_draws=1, ordered_noise_prob=0.0, loss_chunk_tokens=0, cache_gradient=True)
   hash(ObjectiveConfig())  # jit closes over it
   with pytest.raises(dataclasses.FrozenInstanceError):
     ObjectiveConfig().t_eps = 0.1
@@ -38,6 +38,7 @@ def test_defaults_are_the_official_recipe():
     (dict(self_cond_prob=1.5), r"diffusion.self_cond_prob must be in \[0, 1\]"),
     (dict(ordered_noise_prob=-0.1), r"diffusion.ordered_noise_prob must be in \[0, 1\]"),
     (dict(self_cond_passes=0), "diffusion.self_cond_passes must be >= 1"),
+    (dict(cache_gradient="no"), "diffusion.cache_gradient must be true or false"),
     (dict(self_cond_passes=1.5), "diffusion.self_cond_passes must be an integer"),
     (dict(noise_draws=0), "diffusion.noise_draws must be >= 1"),
     (dict(num_noise_bins=0), "diffusion.num_noise_bins must be >= 1"),

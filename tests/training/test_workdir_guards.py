@@ -87,6 +87,9 @@ def test_knobs_added_later_resume_runs_saved_without_them():
   run_config.check_resume(saved, _config(grad_accum_steps=1, diffusion=ml_collections.ConfigDict(
       dict(loss_chunk_tokens=0))), "w", 6)
   run_config.check_resume(saved, _config(diffusion=ml_collections.ConfigDict(dict(loss_chunk_tokens=4096))), "w", 6)
+  run_config.check_resume(saved, _config(diffusion=ml_collections.ConfigDict(dict(cache_gradient=True))), "w", 6)
+  with pytest.raises(ValueError, match=r"diffusion.cache_gradient: True -> False"):
+    run_config.check_resume(saved, _config(diffusion=ml_collections.ConfigDict(dict(cache_gradient=False))), "w", 6)
   with pytest.raises(ValueError, match=r"grad_accum_steps: 1 -> 2"):
     run_config.check_resume(saved, _config(grad_accum_steps=2), "w", 6)
 
