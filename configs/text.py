@@ -84,8 +84,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       schedule="linear", t_eps=1e-4, loss="flat_ce", num_noise_bins=10, diffusion_loss_weight=1.0,
       t_tilt=0.0, t_tilt_steps=0, noise_draws=1, self_cond_prob=0.5, ar_loss_weight=0.0, self_cond_passes=1,
       ar_targets="all", ordered_noise_prob=0.0, loss_chunk_tokens=0,
-      # From scratch the denoiser's loss does not train the encoder pass (measured: more than twice the steps in
-      # the same time and a better bound; docs/text.md); a pretrained start keeps the official recipe's gradient.
+      # From scratch the denoiser's loss does not train the encoder pass: the pass then runs forward only, and more
+      # updates in a budget gave a better bound (docs/text.md); a pretrained start keeps the official gradient.
       cache_gradient=bool(args.init)))
   if args.objective == "ar":  # same backbone and data, causal, left to right, loss on the response only
     c.diffusion.update(dict(diffusion_loss_weight=0.0, ar_loss_weight=1.0, ar_targets="canvas", self_cond_prob=0.0))
