@@ -33,9 +33,11 @@ from dgemma.training.config_utils import parse_arg
 
 SIZES = {  # width, layers, heads, batch, steps, prompt_len, canvas_length, max_canvases
     "debug": (32, 2, 2, 4, 3, 32, 16, 2),
-    "small": (128, 4, 4, 16, 1663, 256, 128, 4),  # 1663 steps: the measured 40-minute CPU run (docs/text.md)
+    "small": (128, 4, 4, 4, 2960, 256, 128, 4),  # 2960 steps: the measured 40-minute CPU run (docs/text.md)
 }
-AR_STEPS = {"debug": 3, "small": 614}  # objective=ar: its steps in the same 40 minutes (its step costs more)
+# objective=ar: its batch and its steps in the same 40 minutes (docs/text.md: its best measured batch)
+AR_BATCH_STEPS = {"debug": (4, 3), "small": (8, 1187)}
+NOISE_DRAWS = 4  # from scratch: denoiser rows per encoded example (diffusion.noise_draws; 16 rows per step)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -48,7 +50,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     raise ValueError(f"lora={args.lora}: a LoRA rank >= 1 needs init=gemma3_270m or init=DIR (0: full fine-tuning)")
   width, layers, heads, batch, steps, prompt_len, canvas_length, max_canvases = SIZES[args.size]
   if args.objective == "ar":
-    steps = AR_STEPS[args.size]
+    batch, steps = AR_BATCH_STEPS[args.size]
   debug = args.size == "debug"
   c = ml_collections.ConfigDict()
   c.seed = 0
@@ -87,6 +89,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # From scratch the denoiser's loss does not train the encoder pass: the pass then runs forward only, and more
       # updates in a budget gave a better bound (docs/text.md); a pretrained start keeps the official gradient.
       cache_gradient=bool(args.init)))
+  if not args.init and args.objective == "diffusion":  # rows sharing one forward-only encoding: more updates a minute
+    c.diffusion.noise_draws = NOISE_DRAWS
   if args.objective == "ar":  # same backbone and data, causal, left to right, loss on the response only
     c.diffusion.update(dict(diffusion_loss_weight=0.0, ar_loss_weight=1.0, ar_targets="canvas", self_cond_prob=0.0))
 
