@@ -36,7 +36,7 @@ SIZES = {  # width, layers, heads, batch, steps, prompt_len, canvas_length, max_
     "small": (128, 4, 4, 4, 2960, 256, 128, 4),  # 2960 steps: the measured 40-minute CPU run (docs/text.md)
 }
 # objective=ar: its batch and its steps in the same 40 minutes (docs/text.md: its best measured batch)
-AR_BATCH_STEPS = {"debug": (4, 3), "small": (8, 1187)}
+AR_BATCH_STEPS = {"debug": (4, 3), "small": (4, 2752)}
 NOISE_DRAWS = 4  # from scratch: denoiser rows per encoded example (diffusion.noise_draws; 16 rows per step)
 
 
