@@ -35,8 +35,7 @@ SIZES = {  # width, layers, heads, batch, steps, prompt_len, canvas_length, max_
     "debug": (32, 2, 2, 4, 3, 32, 16, 2),
     "small": (128, 4, 4, 4, 2960, 256, 128, 4),  # 2960 steps: the measured 40-minute CPU run (docs/text.md)
 }
-# objective=ar: its batch and its steps in the same 40 minutes (docs/text.md: its best measured batch)
-AR_BATCH_STEPS = {"debug": (4, 3), "small": (4, 2752)}
+AR_STEPS = {"debug": 3, "small": 2752}  # objective=ar: its steps in the same 40 minutes (its step costs more)
 NOISE_DRAWS = 4  # from scratch: denoiser rows per encoded example (diffusion.noise_draws; 16 rows per step)
 
 
@@ -50,7 +49,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     raise ValueError(f"lora={args.lora}: a LoRA rank >= 1 needs init=gemma3_270m or init=DIR (0: full fine-tuning)")
   width, layers, heads, batch, steps, prompt_len, canvas_length, max_canvases = SIZES[args.size]
   if args.objective == "ar":
-    batch, steps = AR_BATCH_STEPS[args.size]
+    steps = AR_STEPS[args.size]
   debug = args.size == "debug"
   c = ml_collections.ConfigDict()
   c.seed = 0
