@@ -63,6 +63,21 @@ def context_only_logits(logits_BxLxV: Float[Array, "B L V"], xt_BxL: Int[Array, 
   return jnp.where(own, logits_BxLxV.astype(jnp.float32) - own_likelihood_ratio, logits_BxLxV.astype(jnp.float32))
 
 
+def denoiser_token_loss(loss: str, logits_BxLxV: Float[Array, "B L V"], x0_BxL: Int[Array, "B L"],
+                        xt_BxL: Int[Array, "B L"], alpha_B: Float[Array, "B"],
+                        dalpha_B: Float[Array, "B"]) -> Float[Array, "B L"]:
+  """The denoiser's loss per token, by `diffusion.loss` (config.LOSSES): flat_ce, elbo (the logits read as the
+  context-only posterior) or elbo_full (read as the full posterior, converted: what the held-out bound of a flat-CE
+  model computes, so training on it lowers that number directly)."""
+  if loss == "flat_ce":
+    return token_cross_entropy(logits_BxLxV, x0_BxL)
+  if loss == "elbo_full":
+    logits_BxLxV = context_only_logits(logits_BxLxV, xt_BxL, alpha_B)
+  elif loss != "elbo":
+    raise ValueError(f"unknown diffusion loss {loss!r}")
+  return uniform_elbo_per_token(logits_BxLxV, x0_BxL, xt_BxL, alpha_B, dalpha_B)
+
+
 def noise_bin_stats(loss_B: Float[Array, "B"], t_B: Float[Array, "B"], num_bins: int) -> tuple[Array, Array]:
   """(sum of losses, count) per equal-width bin of t in [0, 1]: summed over steps, they give the mean loss
   per noise level over any logging window."""

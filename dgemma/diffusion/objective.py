@@ -151,11 +151,8 @@ def _denoiser(model: DiffusionGemma, params: dict, objective: ObjectiveConfig, x
   else:
     logits = denoise(xt_s, cache)
 
-  # 4. Losses.
-  if objective.loss == "flat_ce":  # the official recipe: unweighted CE on every token of canvas s
-    per_token = losses.token_cross_entropy(logits, x0_s)
-  else:  # "elbo"
-    per_token = losses.uniform_elbo_per_token(logits, x0_s, xt_s, alpha, dalpha)
+  # 4. Losses (the official recipe: unweighted CE on every token of canvas s).
+  per_token = losses.denoiser_token_loss(objective.loss, logits, x0_s, xt_s, alpha, dalpha)
   return per_token, (jnp.argmax(logits, -1) == x0_s).astype(jnp.float32)
 
 
@@ -203,10 +200,7 @@ def _chunked_denoiser(model: DiffusionGemma, params: dict, objective: ObjectiveC
 
   def token_losses(h, x0, xt, a, da):
     logits = logits_of(h)[:, None]  # [n, 1, V]: each token its own row (the losses are per token)
-    if objective.loss == "flat_ce":
-      per_token = losses.token_cross_entropy(logits, x0[:, None])[:, 0]
-    else:  # "elbo"
-      per_token = losses.uniform_elbo_per_token(logits, x0[:, None], xt[:, None], a, da)[:, 0]
+    per_token = losses.denoiser_token_loss(objective.loss, logits, x0[:, None], xt[:, None], a, da)[:, 0]
     return per_token, (jnp.argmax(logits[:, 0], -1) == x0).astype(jnp.float32)
 
   per_token, correct = chunked.map_token_chunks(

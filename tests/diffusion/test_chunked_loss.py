@@ -19,6 +19,7 @@ OBJECTIVES = {
     "official": ObjectiveConfig(),  # flat CE, AR loss on [prompt ‖ canvas], self-conditioning on half the rows
     "elbo_sc_passes": ObjectiveConfig(loss="elbo", self_cond_prob=1.0, self_cond_passes=2, ar_loss_weight=0.0,
                                       noise_draws=2),
+    "elbo_full": ObjectiveConfig(loss="elbo_full", ar_loss_weight=0.0, noise_draws=2),
     "ar": ObjectiveConfig(diffusion_loss_weight=0.0, ar_loss_weight=1.0, ar_targets="canvas", self_cond_prob=0.0),
 }
 

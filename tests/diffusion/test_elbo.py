@@ -279,6 +279,30 @@ def test_context_only_logits_is_bayes_division_by_the_own_token_likelihood(alpha
   np.testing.assert_allclose(elbo_of(converted), elbo_of(np.log(divided)), rtol=1e-4, atol=1e-5)
 
 
+def test_training_losses_read_the_denoiser_as_named():
+  """diffusion.loss: flat_ce is -log p(x0); elbo reads the logits as the context-only posterior; elbo_full divides
+  the full posterior by the own token's likelihood first (numpy, float64), as the held-out bound of a flat-CE model."""
+  rng = np.random.default_rng(11)
+  b, n, v = 3, 4, 5
+  logits = rng.normal(0, 2, (b, n, v))
+  x_t, x0 = rng.integers(0, v, (b, n)), rng.integers(0, v, (b, n))
+  alpha = np.array([0.2, 0.7, 0.99])
+  dalpha = -np.ones(b)
+  probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+  divided = probs / (alpha[:, None, None] * np.eye(v)[x_t] + (1 - alpha[:, None, None]) / v)
+  divided /= divided.sum(-1, keepdims=True)
+  args = (jnp.asarray(x0), jnp.asarray(x_t), jnp.asarray(alpha, jnp.float32), jnp.asarray(dalpha, jnp.float32))
+  loss = lambda name: np.asarray(losses.denoiser_token_loss(name, jnp.asarray(logits, jnp.float32), *args))
+  elbo_of = lambda lg: np.asarray(losses.uniform_elbo_per_token(jnp.asarray(lg, jnp.float32), *args))
+  np.testing.assert_allclose(loss("flat_ce"), -np.log(np.take_along_axis(probs, x0[..., None], -1)[..., 0]),
+                             rtol=1e-5)
+  np.testing.assert_allclose(loss("elbo"), elbo_of(logits), rtol=1e-6)
+  np.testing.assert_allclose(loss("elbo_full"), elbo_of(np.log(divided)), rtol=1e-4, atol=1e-5)
+  assert np.abs(loss("elbo_full") - loss("elbo")).max() > 0.1  # the two readings differ
+  with pytest.raises(ValueError, match="unknown diffusion loss"):
+    losses.denoiser_token_loss("mse", jnp.asarray(logits, jnp.float32), *args)
+
+
 def test_context_only_logits_at_alpha_one_drops_the_own_token_without_nan():
   logits = jnp.zeros((1, 2, 3))
   out = np.asarray(losses.context_only_logits(logits, jnp.array([[1, 2]]), jnp.ones(1)))

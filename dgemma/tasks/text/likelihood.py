@@ -48,7 +48,7 @@ class Settings:
 def settings_from(diffusion: dict, mode: str = "auto", denoiser_output: str = "auto", **kw) -> Settings:
   """Settings from a training config's `diffusion` section: mode auto is 'ar' for an objective=ar run
   (decoding.mode); denoiser_output auto is what the run's loss trains: 'context' for loss=elbo, else 'full' (the
-  recipe's flat cross-entropy; also a checkpoint without a training config, as HF's)."""
+  recipe's flat cross-entropy, loss=elbo_full; also a checkpoint without a training config, as HF's)."""
   if denoiser_output == "auto":
     denoiser_output = "context" if diffusion.get("loss", "flat_ce") == "elbo" else "full"
   return Settings(mode=decoding.mode(diffusion, mode), schedule=diffusion.get("schedule", "linear"),
