@@ -151,7 +151,7 @@ def _denoiser(model: DiffusionGemma, params: dict, objective: ObjectiveConfig, x
   else:
     logits = denoise(xt_s, cache)
 
-  # 4. Losses (the official recipe: unweighted CE on every token of canvas s).
+  # 4. Losses per token of canvas s, by diffusion.loss (flat_ce: the official recipe's unweighted CE).
   per_token = losses.denoiser_token_loss(objective.loss, logits, x0_s, xt_s, alpha, dalpha)
   return per_token, (jnp.argmax(logits, -1) == x0_s).astype(jnp.float32)
 
