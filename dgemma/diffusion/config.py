@@ -19,9 +19,8 @@ from dgemma.diffusion import schedules
 
 # flat_ce: the official recipe's unweighted CE. elbo: the uniform-state NELBO with the denoiser read as the posterior
 # given the other noisy tokens; elbo_full: the same bound with the denoiser read as the full posterior (the one a flat
-# CE trains and the sampler assumes), converted by Bayes as the held-out evaluation reads a flat-CE model;
-# context_ce: the flat CE of the full posterior built from logits read as the context-only one (the inverse step).
-LOSSES = ("flat_ce", "elbo", "elbo_full", "context_ce")
+# CE trains and the sampler assumes), converted by Bayes as the held-out evaluation reads a flat-CE model.
+LOSSES = ("flat_ce", "elbo", "elbo_full")
 AR_TARGETS = ("all", "canvas")  # the AR loss on [prompt ‖ canvas] (official) or on the canvas only
 
 

@@ -63,17 +63,6 @@ def context_only_logits(logits_BxLxV: Float[Array, "B L V"], xt_BxL: Int[Array, 
   return jnp.where(own, logits_BxLxV.astype(jnp.float32) - own_likelihood_ratio, logits_BxLxV.astype(jnp.float32))
 
 
-def full_from_context_logits(logits_BxLxV: Float[Array, "B L V"], xt_BxL: Int[Array, "B L"],
-                             alpha_B: Float[Array, "B"]) -> Float[Array, "B L V"]:
-  """The inverse of `context_only_logits`: logits of p(x0_l | x_t^{-l}) to those of the full posterior p(x0_l | x_t),
-  the observed token's logit raised by log(1 + N·alpha/(1-alpha)), in float32. Needs alpha < 1."""
-  v = logits_BxLxV.shape[-1]
-  a = alpha_B.astype(jnp.float32)[:, None, None]
-  own = jax.nn.one_hot(xt_BxL, v, dtype=bool)
-  return jnp.where(own, logits_BxLxV.astype(jnp.float32) + jnp.log1p(v * a / (1.0 - a)),
-                   logits_BxLxV.astype(jnp.float32))
-
-
 def denoiser_token_loss(loss: str, logits_BxLxV: Float[Array, "B L V"], x0_BxL: Int[Array, "B L"],
                         xt_BxL: Int[Array, "B L"], alpha_B: Float[Array, "B"],
                         dalpha_B: Float[Array, "B"]) -> Float[Array, "B L"]:
@@ -82,8 +71,6 @@ def denoiser_token_loss(loss: str, logits_BxLxV: Float[Array, "B L V"], x0_BxL: 
   model computes, so training on it lowers that number directly)."""
   if loss == "flat_ce":
     return token_cross_entropy(logits_BxLxV, x0_BxL)
-  if loss == "context_ce":
-    return token_cross_entropy(full_from_context_logits(logits_BxLxV, xt_BxL, alpha_B), x0_BxL)
   if loss == "elbo_full":
     logits_BxLxV = context_only_logits(logits_BxLxV, xt_BxL, alpha_B)
   elif loss != "elbo":

@@ -20,7 +20,6 @@ OBJECTIVES = {
     "elbo_sc_passes": ObjectiveConfig(loss="elbo", self_cond_prob=1.0, self_cond_passes=2, ar_loss_weight=0.0,
                                       noise_draws=2),
     "elbo_full": ObjectiveConfig(loss="elbo_full", ar_loss_weight=0.0, noise_draws=2),
-    "context_ce": ObjectiveConfig(loss="context_ce", ar_loss_weight=0.0),
     "ar": ObjectiveConfig(diffusion_loss_weight=0.0, ar_loss_weight=1.0, ar_targets="canvas", self_cond_prob=0.0),
 }
 
