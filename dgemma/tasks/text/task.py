@@ -84,9 +84,12 @@ class TextTask(TaskBase):
 
   @classmethod
   def from_config(cls, c: ml_collections.ConfigDict, config: ModelConfig) -> "TextTask":
-    """c.data.tokenizer, else the init_from checkpoint's tokenizer, else 'bytes'."""
+    """c.data.tokenizer, else the init_from checkpoint's tokenizer (the one it records, or its own file), else
+    'bytes'."""
     d = c.data
-    spec = d.get("tokenizer") or c.get("init_from") or byte_tokenizer.NAME
+    init_from = os.path.expanduser(c.get("init_from") or "")
+    spec = (d.get("tokenizer") or (init_from and tokenizer_files.recorded_by(init_from)) or init_from
+            or byte_tokenizer.NAME)
     spec = spec if spec == byte_tokenizer.NAME else os.path.abspath(os.path.expanduser(spec))
     tokenizer = tokenizer_from(spec)
     if tokenizer.pad_id != config.pad_id:

@@ -11,10 +11,13 @@ its name relative to the model directory (older checkpoints keep their absolute 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
+from dgemma.checkpoints.native import CONFIG_FILE
 from dgemma.data.tokenizer import Tokenizer, gguf_tokenizer
+from dgemma.training.checkpointing import RUN_FILE
 from dgemma.tasks.text import byte_tokenizer
 
 JSON_NAME = "tokenizer.json"
@@ -47,3 +50,16 @@ def resolve(spec: str, ckpt_path: str | None) -> str:
                      "checkpoint path")
   directory = ckpt_path if os.path.isdir(ckpt_path) else os.path.dirname(ckpt_path)
   return os.path.join(directory, spec)
+
+
+def recorded_by(checkpoint: str) -> str | None:
+  """The tokenizer one of our text checkpoints records (an exported model's dgemma.json, a workdir's run.json),
+  as a path to load or "bytes"; None for any other checkpoint (an HF directory or a GGUF file holds its tokenizer
+  itself). A byte-level model has no tokenizer file, so its directory alone would not say how to read it."""
+  for name in (CONFIG_FILE, RUN_FILE):
+    path = os.path.join(checkpoint, name)
+    if os.path.isfile(path):
+      with open(path) as f:
+        recorded = ((json.load(f).get("metadata") or {}).get("task") or {}).get("tokenizer")
+      return resolve(recorded, checkpoint) if recorded else None
+  return None

@@ -176,3 +176,30 @@ def test_the_checkpoint_tokenizer_gemma3(tmp_path):
   for p, cv in zip(batch["prompt"], batch["canvas"]):
     np.testing.assert_array_equal(cv, want[tuple(p)])
   assert len({tuple(p) for p in batch["prompt"]}) == 2
+
+
+def test_init_from_a_byte_level_checkpoint_reads_its_recorded_tokenizer(tmp_path):
+  """A byte-level model has no tokenizer file: training from it (an exported model/ or a workdir) takes the
+  tokenizer its metadata records, the byte vocabulary, and gives the same batches as training from scratch."""
+  import jax
+  from dgemma import model
+  from dgemma.checkpoints.native import save_model
+  from dgemma.training import checkpointing
+  write_rows(tmp_path / "d.jsonl", 4)
+  scratch = config_for(tmp_path / "d.jsonl")
+  config = small_dense(byte_tokenizer.VOCAB_SIZE, 32, 1, 2, canvas_length=scratch.model.canvas_length)
+  metadata = {"task": task_for(scratch).metadata}
+  exported = tmp_path / "model"
+  save_model(str(exported), config, model.init_params(config, jax.random.key(0)), metadata)
+  workdir = tmp_path / "workdir"
+  (workdir / "checkpoints").mkdir(parents=True)
+  checkpointing.write_run_info(str(workdir), config, metadata)
+  want = next(iter(task_for(scratch).train_dataset(scratch, 2, 0, 1, False)))
+  for init_from in (exported, workdir):
+    c = config_for(tmp_path / "d.jsonl")
+    c.init_from = str(init_from)
+    task = task_for(c)
+    assert task.metadata["tokenizer"] == byte_tokenizer.NAME
+    got = next(iter(task.train_dataset(c, 2, 0, 1, False)))
+    for key in want:
+      np.testing.assert_array_equal(got[key], want[key])
