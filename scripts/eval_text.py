@@ -42,6 +42,9 @@ flags.DEFINE_enum("denoiser_output", "auto", ["auto", "context", "full"],
                   "what diffusion.loss=elbo trains and the bound is tight for; full = p(x0 | all noisy tokens, its "
                   "own included), what the recipe's flat cross-entropy trains, converted by Bayes before the bound; "
                   "auto: what the checkpoint's training loss trains (docs/text.md).", **_D)
+flags.DEFINE_integer("self_cond_passes", 0, "Denoiser passes after the first, each fed its predecessor's logits as "
+                     "the self-conditioning signal, as training's self-conditioning rows are (the bound stays a "
+                     "bound: the denoiser is still a function of the noisy canvas and the context).", **_D)
 flags.DEFINE_integer("seed", 0, "The key of the corruptions (fixed: runs with the same seed see the same noise).", **_D)
 flags.DEFINE_string("json_out", None, "Also write the numbers to this JSON file.", **_D)
 
@@ -99,7 +102,8 @@ def run() -> int:
   from dgemma.tasks.text import decoding, likelihood
   settings = likelihood.settings_from(decoding.trained_diffusion(metadata), FLAGS.mode,
                                       num_t=FLAGS.num_t, draws=FLAGS.draws, seed=FLAGS.seed,
-                                      denoiser_output=FLAGS.denoiser_output)
+                                      denoiser_output=FLAGS.denoiser_output,
+                                      self_cond_passes=FLAGS.self_cond_passes)
   encoder = task.encoder(data_config(metadata, os.path.abspath(FLAGS.data)))
   scorer = likelihood.Scorer(task.config, metadata.get("position_features"))
   out = likelihood.evaluate(scorer, params, likelihood.batches(encoder, FLAGS.batch_size, FLAGS.limit), settings)

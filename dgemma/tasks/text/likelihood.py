@@ -33,16 +33,20 @@ class Settings:
   schedule: str = "linear"
   t_eps: float = 1e-4
   denoiser_output: str = "full"  # how the bound reads the denoiser (elbo.DENOISER_OUTPUTS); the recipe's flat CE: full
+  # Further denoiser passes at the same x_t, each fed its predecessor's logits as the self-conditioning signal (as
+  # training's self-conditioning rows are). Still a function of x_t and the context alone, so the bound stays a
+  # bound; 0: one pass without a signal.
+  self_cond_passes: int = 0
 
   def __post_init__(self):
     if self.mode not in ("diffusion", "ar"):
       raise ValueError(f"likelihood mode must be 'diffusion' or 'ar', got {self.mode!r}")
     if self.denoiser_output not in elbo.DENOISER_OUTPUTS:
       raise ValueError(f"--denoiser_output must be one of {elbo.DENOISER_OUTPUTS}, got {self.denoiser_output!r}")
-    for name in ("num_t", "draws"):
+    for name, least in (("num_t", 1), ("draws", 1), ("self_cond_passes", 0)):
       value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"--{name} must be >= 1, got {value}")
+      if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"--{name} must be >= {least}, got {value}")
 
 
 def settings_from(diffusion: dict, mode: str = "auto", denoiser_output: str = "auto", **kw) -> Settings:
@@ -82,10 +86,15 @@ class Scorer:
       return model.apply({"params": params}, tokens, init_cache(config, tokens.shape[0], tokens.shape[1]), valid,
                          want_logits, pf, method=DiffusionGemma.encode)
 
-    @jax.jit
-    def denoise(params, canvas, cache, end):
-      return model.apply({"params": params}, canvas, cache.with_end(end), position_features=pf,
-                         method=DiffusionGemma.denoise)
+    @functools.partial(jax.jit, static_argnums=4)
+    def denoise(params, canvas, cache, end, self_cond_passes=0):
+      def one_pass(signal):
+        return model.apply({"params": params}, canvas, cache.with_end(end), signal, position_features=pf,
+                           method=DiffusionGemma.denoise)
+      logits = one_pass(None)
+      for _ in range(self_cond_passes):
+        logits = one_pass(logits)
+      return logits
 
     self.encode, self.denoise = encode, denoise
 
@@ -121,7 +130,8 @@ def evaluate(scorer: Scorer, params, batch_iter: Iterable[dict], s: Settings) ->
         continue
       end = jnp.full((b,), p + j * c, jnp.int32)
       keys_j = jax.vmap(lambda k: jax.random.fold_in(k, j))(keys_B)
-      e, ce = elbo.strata_sums(lambda x_t: scorer.denoise(params, x_t, cache, end), x0, m, config.vocab_size,
+      e, ce = elbo.strata_sums(lambda x_t: scorer.denoise(params, x_t, cache, end, s.self_cond_passes), x0, m,
+                               config.vocab_size,
                                s.schedule, s.num_t, keys_j, s.t_eps, s.draws, s.denoiser_output)
       e_BxK += np.asarray(e, np.float64)
       ce_BxK += np.asarray(ce, np.float64)
@@ -140,7 +150,8 @@ def evaluate(scorer: Scorer, params, batch_iter: Iterable[dict], s: Settings) ->
             "num_examples": n, "num_tokens": int(tokens_B.sum())}
   out = elbo.summarize(np.concatenate(elbo_rows), np.concatenate(ce_rows), tokens_B)
   return {"mode": "diffusion", "t": [float(t) for t in np.asarray(elbo.stratified_t(s.num_t, s.t_eps))],
-          "draws": s.draws, "seed": s.seed, "schedule": s.schedule, "denoiser_output": s.denoiser_output, **out}
+          "draws": s.draws, "seed": s.seed, "schedule": s.schedule, "denoiser_output": s.denoiser_output,
+          "self_cond_passes": s.self_cond_passes, **out}
 
 
 def scalars(out: dict) -> dict[str, float]:

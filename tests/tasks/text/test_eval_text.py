@@ -74,6 +74,35 @@ def test_reading_the_denoiser_as_the_full_posterior_changes_the_bound_only(runs)
   assert abs(outs["full"]["bits_per_token"] - outs["context"]["bits_per_token"]) > 1e-3
 
 
+def test_self_conditioned_passes_read_the_signal_through_its_branch_only(runs, tmp_path):
+  """--self_cond_passes=1 scores a second pass fed the first's logits (still a function of the noisy canvas and
+  the context, so the bound stays a bound: tests/diffusion/test_elbo.py bounds the likelihood for any logits). The
+  signal enters only through the self-conditioning branch: with that branch's weights at zero the numbers are
+  those of one pass; with them large (a 3-step model barely uses its signal) they are not."""
+  from dgemma.checkpoints.native import save_model
+  root, data = runs
+  config, params, metadata = load_model(str(root / "diffusion" / "model"))
+  silent = dict(params, self_conditioning=jax.tree.map(np.zeros_like, params["self_conditioning"]))
+  save_model(str(tmp_path / "silent"), config, silent, metadata)
+  loud = dict(params, self_conditioning=jax.tree.map(lambda w: 30 * w, params["self_conditioning"]))
+  save_model(str(tmp_path / "loud"), config, loud, metadata)
+  outs = {}
+  for name in ("silent", "loud"):
+    for passes in (0, 1):
+      path = tmp_path / f"{name}_{passes}.json"
+      assert load_script("scripts/eval_text.py").main(
+          ["eval_text.py", f"--ckpt={tmp_path / name}", f"--data={data}", "--num_t=4", f"--self_cond_passes={passes}",
+           f"--json_out={path}"]) == 0
+      outs[name, passes] = json.loads(path.read_text())
+  assert outs["loud", 1]["self_cond_passes"] == 1
+  silent_0, silent_1 = (outs["silent", k]["elbo_integrand_bits_by_t"] for k in (0, 1))
+  assert silent_1 == pytest.approx(silent_0, rel=1e-6)  # (two compiled programs: rounding apart, not more)
+  assert abs(outs["loud", 1]["bits_per_token"] - outs["loud", 0]["bits_per_token"]) > 1e-4  # 100x the rounding
+  assert all(math.isfinite(v) and v > 0 for v in outs["loud", 1]["elbo_integrand_bits_by_t"])
+  with pytest.raises(ValueError, match="self_cond_passes must be >= 0"):
+    likelihood.Settings(self_cond_passes=-1)
+
+
 @pytest.mark.parametrize("loss, reading", [("flat_ce", "full"), ("elbo", "context"), (None, "full")])
 def test_auto_reads_the_denoiser_as_its_loss_trained_it(loss, reading):
   diffusion = {} if loss is None else {"loss": loss}  # None: no training config (an HF checkpoint): the recipe's
