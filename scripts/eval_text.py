@@ -69,8 +69,9 @@ def report(out: dict) -> str:
     lines.append(f"{t:.4f}   {e:12.4f}  {ce:13.4f}")
   lines.append(f"ELBO: {out['bits_per_token']:.4f} ± {out['stderr_bits_per_token']:.4f} bits/token (upper bound on "
                f"the NLL; {out['num_t']} stratified t values x {out['draws']} draw(s), seed {out['seed']}, "
-               f"denoiser output read as {out['denoiser_output']}; "
-               f"{out['num_examples']} examples, {out['num_tokens']} response tokens)")
+               f"denoiser output read as {out['denoiser_output']}"
+               + (f" after {out['self_cond_passes']} self-conditioning pass(es)" if out.get("self_cond_passes") else "")
+               + f"; {out['num_examples']} examples, {out['num_tokens']} response tokens)")
   return "\n".join(lines)
 
 
@@ -82,6 +83,8 @@ def run() -> int:
       raise ValueError(f"--{name} must be >= 1, got {FLAGS[name].value}")
   if FLAGS.limit < 0:
     raise ValueError(f"--limit must be >= 0, got {FLAGS.limit}")
+  if FLAGS.self_cond_passes < 0:
+    raise ValueError(f"--self_cond_passes must be >= 0, got {FLAGS.self_cond_passes}")
   cli.check_seed(FLAGS.seed)
   if FLAGS.json_out:
     cli.check_output_path(FLAGS.json_out, "--json_out")

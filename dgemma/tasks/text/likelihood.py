@@ -43,6 +43,8 @@ class Settings:
       raise ValueError(f"likelihood mode must be 'diffusion' or 'ar', got {self.mode!r}")
     if self.denoiser_output not in elbo.DENOISER_OUTPUTS:
       raise ValueError(f"--denoiser_output must be one of {elbo.DENOISER_OUTPUTS}, got {self.denoiser_output!r}")
+    if self.mode == "ar" and self.self_cond_passes:
+      raise ValueError("--self_cond_passes is for the diffusion bound; an AR model's NLL reads the causal encoder")
     for name, least in (("num_t", 1), ("draws", 1), ("self_cond_passes", 0)):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -131,8 +133,7 @@ def evaluate(scorer: Scorer, params, batch_iter: Iterable[dict], s: Settings) ->
       end = jnp.full((b,), p + j * c, jnp.int32)
       keys_j = jax.vmap(lambda k: jax.random.fold_in(k, j))(keys_B)
       e, ce = elbo.strata_sums(lambda x_t: scorer.denoise(params, x_t, cache, end, s.self_cond_passes), x0, m,
-                               config.vocab_size,
-                               s.schedule, s.num_t, keys_j, s.t_eps, s.draws, s.denoiser_output)
+                               config.vocab_size, s.schedule, s.num_t, keys_j, s.t_eps, s.draws, s.denoiser_output)
       e_BxK += np.asarray(e, np.float64)
       ce_BxK += np.asarray(ce, np.float64)
     elbo_rows.append(e_BxK)

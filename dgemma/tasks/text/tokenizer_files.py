@@ -17,8 +17,8 @@ import shutil
 
 from dgemma.checkpoints.native import CONFIG_FILE
 from dgemma.data.tokenizer import Tokenizer, gguf_tokenizer
-from dgemma.training.checkpointing import RUN_FILE
 from dgemma.tasks.text import byte_tokenizer
+from dgemma.training.checkpointing import RUN_FILE
 
 JSON_NAME = "tokenizer.json"
 

@@ -101,6 +101,8 @@ def test_self_conditioned_passes_read_the_signal_through_its_branch_only(runs, t
   assert all(math.isfinite(v) and v > 0 for v in outs["loud", 1]["elbo_integrand_bits_by_t"])
   with pytest.raises(ValueError, match="self_cond_passes must be >= 0"):
     likelihood.Settings(self_cond_passes=-1)
+  with pytest.raises(ValueError, match="self_cond_passes is for the diffusion bound"):
+    likelihood.Settings(mode="ar", self_cond_passes=1)
 
 
 @pytest.mark.parametrize("loss, reading", [("flat_ce", "full"), ("elbo", "context"), (None, "full")])
@@ -127,6 +129,12 @@ def test_bad_input_is_one_line(runs, tmp_path, capsys):
   assert capsys.readouterr().err.strip() == f"error: --data={tmp_path / 'nope.jsonl'} does not exist"
   assert script.main(["eval_text.py", f"--ckpt={root / 'ar' / 'model'}", f"--data={data}", "--num_t=0"]) == 1
   assert capsys.readouterr().err.strip() == "error: --num_t must be >= 1, got 0"
+  assert script.main(["eval_text.py", f"--ckpt={root / 'ar' / 'model'}", f"--data={data}", "--self_cond_passes=1"]) == 1
+  assert capsys.readouterr().err.strip() == ("error: --self_cond_passes is for the diffusion bound; an AR model's NLL "
+                                             "reads the causal encoder")
+  assert script.main(["eval_text.py", f"--ckpt={root / 'ar' / 'model'}", f"--data={data}",
+                      "--self_cond_passes=-1"]) == 1
+  assert capsys.readouterr().err.strip() == "error: --self_cond_passes must be >= 0, got -1"
   bad = tmp_path / "bad.jsonl"
   bad.write_text('{"prompt": "p", "answer": "a"}\n')
   assert script.main(["eval_text.py", f"--ckpt={root / 'ar' / 'model'}", f"--data={bad}"]) == 1
