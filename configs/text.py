@@ -96,7 +96,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Held-out likelihood every eval.every steps (0: never): the ELBO in bits/token on num_t stratified noise levels
   # of the first `limit` examples of eval.data, or an objective=ar run's exact NLL (docs/text.md); and the model's
   # completions of the first num_samples held-out prompts, as text in TensorBoard and the log (0: none).
-  c.eval = ml_collections.ConfigDict(dict(every=0, data="", num_t=16, limit=64, batch_size=16, num_samples=3))
+  # self_cond_passes: the bound of the self-conditioned denoiser (eval_text.py --self_cond_passes; 0: one pass).
+  c.eval = ml_collections.ConfigDict(dict(every=0, data="", num_t=16, limit=64, batch_size=16, num_samples=3,
+                                          self_cond_passes=0))
   c.sampler = ml_collections.ConfigDict()  # the released model's sampler defaults
 
   c.optimizer = ml_collections.ConfigDict(dict(

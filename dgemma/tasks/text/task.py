@@ -137,7 +137,8 @@ class TextTask(TaskBase):
     held_out.data.path = os.path.abspath(os.path.expanduser(e.data))
     encoder = self.encoder(held_out)
     rows = list(likelihood.batches(encoder, int(e.get("batch_size", 16)), int(e.get("limit", 64))))
-    settings = likelihood.settings_from(c.diffusion.to_dict(), num_t=int(e.get("num_t", 16)), seed=int(c.seed))
+    settings = likelihood.settings_from(c.diffusion.to_dict(), num_t=int(e.get("num_t", 16)), seed=int(c.seed),
+                                        self_cond_passes=int(e.get("self_cond_passes", 0)))
     scorer = likelihood.Scorer(self.config, metadata.get("position_features"))
     sample = (samples.make_sampler(self, samples.held_out(encoder, self, num_samples), metadata,
                                    settings.mode == "ar", int(c.seed)) if num_samples else (lambda params: {}))

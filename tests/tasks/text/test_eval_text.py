@@ -175,6 +175,30 @@ def test_training_evaluates_the_held_out_likelihood(runs, tmp_path, capsys, obje
     assert f"eval/sample_{i + 1}:" in out  # and in the console log
 
 
+def test_training_reads_the_self_conditioned_bound_as_eval_text_does(runs, tmp_path, capsys):
+  """eval.self_cond_passes=1: the final in-training number is eval_text.py's --self_cond_passes=1 on the exported
+  model (same examples, t values and seed); an AR run refuses it before training."""
+  root, data = runs
+  c = text_config.get_config(f"data={data},size=debug")
+  c.num_train_steps = 2
+  c.eval.update(dict(every=2, data=str(data), num_t=2, limit=3, num_samples=0, self_cond_passes=1))
+  train.train(c, str(tmp_path / "run"))
+  in_training = metrics.read_scalars(str(tmp_path / "run" / "tb"))["eval/elbo_bits_per_token"][-1][1]
+  after = {}
+  for passes in (0, 1):
+    path = tmp_path / f"after_{passes}.json"
+    assert load_script("scripts/eval_text.py").main(
+        ["eval_text.py", f"--ckpt={tmp_path / 'run' / 'model'}", f"--data={data}", "--num_t=2", "--limit=3",
+         f"--self_cond_passes={passes}", f"--json_out={path}"]) == 0
+    after[passes] = json.loads(path.read_text())["bits_per_token"]
+  assert in_training == pytest.approx(after[1], rel=1e-6)
+  assert abs(in_training - after[0]) > 10 * abs(in_training - after[1])  # not the one-pass number
+  ar = text_config.get_config(f"data={data},size=debug,objective=ar")
+  ar.eval.update(dict(every=1, data=str(data), self_cond_passes=1))
+  with pytest.raises(ValueError, match="self_cond_passes is for the diffusion bound"):
+    train.train(ar, str(tmp_path / "ar"))
+
+
 def test_training_writes_samples_that_sample_py_reproduces(runs, tmp_path, capsys):
   """A diffusion run's samples in TensorBoard are what sample.py generates from the exported model for the same
   prompts and seed; each text holds the held-out prompt and response."""
