@@ -50,7 +50,12 @@ def texts(path: str, fmt: str, fields) -> list[str]:
     conversations = records.items
   else:
     records = readers.read_array_record(files)
-    conversations = [readers.parse_json(records.lazy[i], fields) for i in range(len(records))]
+    conversations = []
+    for i in range(len(records)):
+      try:
+        conversations.append(readers.parse_json(records.lazy[i], fields))
+      except readers.MalformedRecord as e:
+        raise readers.MalformedRecord(f"{records.where(i)}: {e}") from None
   return [turn.content for turns in conversations for turn in turns]
 
 

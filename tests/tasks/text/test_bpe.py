@@ -68,6 +68,14 @@ def test_make_tokenizer_script_reads_the_text_tasks_formats(tmp_path, capsys):
   # only if both read all of them (here: the prompts and responses of `rows` cover CORPUS).
   assert re.search(r"wrote .*train\.json: \d+ ids \(\d+ texts, [\d.]+ bytes/token on them\), sha256 [0-9a-f]{64}",
                    capsys.readouterr().out)
+  from array_record.python.array_record_module import ArrayRecordWriter
+  records = tmp_path / "rows.array_record"
+  writer = ArrayRecordWriter(str(records), "group_size:1")
+  for line in rows.read_text().splitlines() + ['{"prompt": "p"}']:
+    writer.write(line.encode())
+  writer.close()
+  assert script.main(["make_tokenizer.py", f"--data={records}", f"--out={tmp_path / 'ar.json'}"]) == 1
+  assert re.fullmatch(r"error: .*rows\.array_record#47: no string field 'response'.*", capsys.readouterr().err.strip())
   bad = tmp_path / "bad.jsonl"
   bad.write_text('{"prompt": "p"}\n')
   for argv, message in ((["--data=" + str(bad), f"--out={tmp_path / 'x.json'}"], r"bad\.jsonl:1: no string field"),
