@@ -21,11 +21,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from absl import flags  # noqa: E402
 
 from dgemma import cli  # noqa: E402
+from dgemma.tasks.text import readers  # noqa: E402
 
 FLAGS = flags.FlagValues()
 _D = dict(flag_values=FLAGS)
 flags.DEFINE_string("data", None, "Training data: a JSONL or ArrayRecord file, a text file or a directory.", **_D)
-flags.DEFINE_enum("format", "auto", ["auto", "jsonl", "array_record", "text"], "auto: from the path.", **_D)
+flags.DEFINE_enum("format", "auto", list(readers.FORMATS), "auto: from the path.", **_D)
 flags.DEFINE_integer("vocab_size", 1024, "Ids in all (specials and the 256 bytes included); a multiple of 16 "
                      "keeps the CPU sampler's token-statistics kernel usable.", **_D)
 flags.DEFINE_string("out", None, "The tokenizer.json to write.", **_D)
@@ -34,40 +35,15 @@ flags.DEFINE_string("response_field", "response", "JSONL: the response's field."
 flags.DEFINE_string("messages_field", "messages", "JSONL: the chat messages' field.", **_D)
 
 
-def texts(path: str, fmt: str, fields) -> list[str]:
-  """Every turn's content of every record (JSONL, ArrayRecord), or every file's text (plain text)."""
-  from dgemma.tasks.text import readers
-  files = readers.list_files(path)
-  fmt = readers.detect_format(path) if fmt == "auto" else fmt
-  if fmt == "text":
-    out = []
-    for name in files:
-      with open(name, encoding="utf-8", errors="replace") as f:
-        out.append(f.read())
-    return out
-  if fmt == "jsonl":
-    records = readers.read_jsonl(files, fields, on_malformed="error")
-    conversations = records.items
-  else:
-    records = readers.read_array_record(files)
-    conversations = []
-    for i in range(len(records)):
-      try:
-        conversations.append(readers.parse_json(records.lazy[i], fields))
-      except readers.MalformedRecord as e:
-        raise readers.MalformedRecord(f"{records.where(i)}: {e}") from None
-  return [turn.content for turns in conversations for turn in turns]
-
-
 def run() -> int:
   if not FLAGS.data or not FLAGS.out:
     raise ValueError("--data and --out are required")
   if not FLAGS.out.endswith(".json"):
     raise ValueError(f"--out={FLAGS.out}: a tokenizer.json file name must end in .json")
   cli.check_output_path(FLAGS.out, "--out")
-  from dgemma.tasks.text import bpe, readers
+  from dgemma.tasks.text import bpe
   fields = readers.Fields(FLAGS.prompt_field, FLAGS.response_field, FLAGS.messages_field)
-  data = texts(os.path.expanduser(FLAGS.data), FLAGS.format, fields)
+  data = readers.read_texts(FLAGS.data, FLAGS.format, fields)
   if not any(data):
     raise ValueError(f"{FLAGS.data} holds no text")
   tokenizer = bpe.train(data, FLAGS.vocab_size)

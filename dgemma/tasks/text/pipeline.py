@@ -65,14 +65,13 @@ class Encoder:
 
   def tokens(self, i: int) -> tuple[list[int], list[int]]:
     """(prompt ids with BOS, response ids) of record i; MalformedRecord naming the record's place."""
-    records = self.records
+    item = self.records.item(i, self.fields)
+    if isinstance(item, readers.Tokens):
+      return list(item.prompt), list(item.response)
     try:
-      item = (readers.parse_json(records.lazy[i], self.fields) if records.lazy is not None else records.items[i])
-      if isinstance(item, readers.Tokens):
-        return list(item.prompt), list(item.response)
       return chat.encode_example(self.template, item, self.tokenizer)
-    except (readers.MalformedRecord, chat.ChatError) as e:
-      raise readers.MalformedRecord(f"{records.where(i)}: {e}") from None
+    except chat.ChatError as e:
+      raise readers.MalformedRecord(f"{self.records.where(i)}: {e}") from None
 
   def __call__(self, i: int) -> dict[str, np.ndarray] | None:
     i = int(i)

@@ -101,6 +101,15 @@ class Records:
   def __len__(self) -> int:
     return len(self.items) if self.lazy is None else len(self.lazy)
 
+  def item(self, i: int, fields: Fields) -> tuple[Turn, ...] | Tokens:
+    """Record i (an ArrayRecord one parsed now); MalformedRecord naming its place."""
+    if self.lazy is None:
+      return self.items[i]
+    try:
+      return parse_json(self.lazy[i], fields)
+    except MalformedRecord as e:
+      raise MalformedRecord(f"{self.where(i)}: {e}") from None
+
 
 def read_jsonl(paths: Sequence[str], fields: Fields, on_malformed: str) -> Records:
   items, places, skipped = [], [], 0
@@ -153,8 +162,7 @@ def read_text(paths: Sequence[str], tokenizer: Tokenizer, prefix_tokens: int, co
   (windows do not overlap; a last window with no continuation token is dropped and counted)."""
   items, places, skipped = [], [], 0
   for path in paths:
-    with open(path, encoding="utf-8", errors="replace") as f:
-      text = f.read()
+    text = _file_text(path)
     docs = text.split(separator) if separator else [text]
     for d, ids in enumerate(tokenizer.encode_batch(docs, add_bos=False)):
       step = prefix_tokens + continuation_tokens
@@ -166,6 +174,11 @@ def read_text(paths: Sequence[str], tokenizer: Tokenizer, prefix_tokens: int, co
         items.append(Tokens(tuple([tokenizer.bos_id] + window[:prefix_tokens]), tuple(window[prefix_tokens:])))
         places.append(f"{path} ({f'document {d + 1}, ' if separator else ''}token {start})")
   return Records(items, places.__getitem__, skipped)
+
+
+def _file_text(path: str) -> str:
+  with open(path, encoding="utf-8", errors="replace") as f:
+    return f.read()
 
 
 def list_files(path: str) -> list[str]:
@@ -199,3 +212,17 @@ def read(path: str, fmt: str, tokenizer: Tokenizer, fields: Fields, on_malformed
   if not len(records):
     raise ValueError(f"{path} holds no usable records ({records.skipped} skipped)")
   return records
+
+
+def read_texts(path: str, fmt: str, fields: Fields) -> list[str]:
+  """The raw text of the data, to learn a tokenizer from (scripts/make_tokenizer.py): every turn's content of every
+  record (JSONL, ArrayRecord; a malformed one stops with its place), or every file's whole text (plain text)."""
+  if fmt not in FORMATS:
+    raise ValueError(f"unknown data format {fmt!r}; choose from {', '.join(FORMATS)}")
+  path = os.path.expanduser(path)
+  files = list_files(path)
+  fmt = detect_format(path) if fmt == "auto" else fmt
+  if fmt == "text":
+    return [_file_text(name) for name in files]
+  records = read_jsonl(files, fields, "error") if fmt == "jsonl" else read_array_record(files)
+  return [turn.content for i in range(len(records)) for turn in records.item(i, fields)]
