@@ -10,7 +10,8 @@ NELBO in bits per response token, estimated on the num_t stratified noise levels
 fixed key (--seed), its standard error over examples, and per noise level the bound's integrand and the
 cross-entropy of training's loss. An objective=ar checkpoint (recorded as diffusion_loss_weight 0 in its
 training config; --mode=ar forces it) gets the exact autoregressive NLL of the same response tokens, by
-teacher forcing through the causal encoder. Every canvas of a multi-canvas response is scored against the
+teacher forcing through the causal encoder. Both are also given per byte of the response text the scored tokens
+spell (special ids dropped): the unit that compares models with different tokenizers. Every canvas of a multi-canvas response is scored against the
 prompt and the clean canvases before it, so the number is the whole response's.
 """
 
@@ -63,7 +64,7 @@ def data_config(metadata: dict, path: str):
 def report(out: dict) -> str:
   if out["mode"] == "ar":
     return (f"AR NLL: {out['nll_bits_per_token']:.4f} ± {out['stderr_bits_per_token']:.4f} bits/token (exact; "
-            f"{out['num_examples']} examples, {out['num_tokens']} response tokens)")
+            f"{out['num_examples']} examples, {out['num_tokens']} response tokens){_per_byte(out)}")
   lines = ["t        ELBO integrand  cross-entropy  (bits/token)"]
   for t, e, ce in zip(out["t"], out["elbo_integrand_bits_by_t"], out["cross_entropy_bits_by_t"]):
     lines.append(f"{t:.4f}   {e:12.4f}  {ce:13.4f}")
@@ -71,8 +72,14 @@ def report(out: dict) -> str:
                f"the NLL; {out['num_t']} stratified t values x {out['draws']} draw(s), seed {out['seed']}, "
                f"denoiser output read as {out['denoiser_output']}"
                + (f" after {out['self_cond_passes']} self-conditioning pass(es)" if out.get("self_cond_passes") else "")
-               + f"; {out['num_examples']} examples, {out['num_tokens']} response tokens)")
+               + f"; {out['num_examples']} examples, {out['num_tokens']} response tokens){_per_byte(out)}")
   return "\n".join(lines)
+
+
+def _per_byte(out: dict) -> str:
+  if "bits_per_byte" not in out:
+    return ""
+  return f"\n= {out['bits_per_byte']:.4f} bits per byte of the {out['num_text_bytes']} bytes of text those tokens spell"
 
 
 def run() -> int:

@@ -61,9 +61,19 @@ def settings_from(diffusion: dict, mode: str = "auto", denoiser_output: str = "a
                   t_eps=float(diffusion.get("t_eps", 1e-4)), denoiser_output=denoiser_output, **kw)
 
 
+def text_bytes(encoder, canvas: np.ndarray, mask: np.ndarray) -> int:
+  """UTF-8 bytes of the text that an example's scored response tokens spell: the tokens under the mask decoded
+  with the special ids (PAD, EOS, BOS, the stop ids that end a turn) dropped. Bits per byte compare runs whose
+  tokenizers differ, where bits per token do not."""
+  lay = encoder.layout
+  special = {lay.pad_id, lay.eos_id, encoder.tokenizer.bos_id, *lay.stop_ids}
+  ids = [int(t) for t in canvas[mask] if int(t) not in special]
+  return len(encoder.tokenizer.decode(ids).encode("utf-8"))
+
+
 def batches(encoder, batch_size: int, limit: int = 0) -> Iterator[dict[str, np.ndarray]]:
-  """The examples in record order (those the encoder drops are skipped), `batch_size` at a time; the last batch
-  may be smaller."""
+  """The examples in record order (those the encoder drops are skipped), `batch_size` at a time, each with the
+  bytes of response text it scores (`text_bytes`); the last batch may be smaller."""
   n = len(encoder.records) if not limit else min(limit, len(encoder.records))
   rows = []
   for i in range(n):
@@ -71,7 +81,9 @@ def batches(encoder, batch_size: int, limit: int = 0) -> Iterator[dict[str, np.n
     if example is not None:
       rows.append(example)
     if rows and (len(rows) == batch_size or i == n - 1):
-      yield {k: np.stack([r[k] for r in rows]) for k in BATCH_KEYS}
+      batch = {k: np.stack([r[k] for r in rows]) for k in BATCH_KEYS}
+      batch["text_bytes"] = np.array([text_bytes(encoder, r["canvas"], r["canvas_mask"]) for r in rows], np.int64)
+      yield batch
       rows = []
 
 
@@ -106,7 +118,7 @@ def evaluate(scorer: Scorer, params, batch_iter: Iterable[dict], s: Settings) ->
   config = scorer.config
   c = config.canvas_length
   key = jax.random.key(s.seed)
-  elbo_rows, ce_rows, tokens, nll_rows = [], [], [], []
+  elbo_rows, ce_rows, tokens, nll_rows, text_bytes_rows = [], [], [], [], []
   first = 0
   for batch in batch_iter:
     prompt, canvas, mask = (jnp.asarray(batch[k]) for k in BATCH_KEYS)
@@ -114,6 +126,8 @@ def evaluate(scorer: Scorer, params, batch_iter: Iterable[dict], s: Settings) ->
     full = jnp.concatenate([prompt, canvas], 1)
     valid = jnp.concatenate([prompt != config.pad_id, mask], 1)
     tokens.append(np.asarray(jnp.sum(mask, 1)))
+    if "text_bytes" in batch:
+      text_bytes_rows.append(np.asarray(batch["text_bytes"]))
     keys_B = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(first, first + b))
     first += b
     if s.mode == "ar":  # response token j predicted from the prompt and the response before it
@@ -147,20 +161,36 @@ def evaluate(scorer: Scorer, params, batch_iter: Iterable[dict], s: Settings) ->
     nll_B = np.concatenate(nll_rows)
     ratio, n = nll_B.sum() / tokens_B.sum(), len(nll_B)
     se = math.sqrt(n / (n - 1) * np.sum((nll_B - ratio * tokens_B) ** 2)) / tokens_B.sum() if n > 1 else float("nan")
-    return {"mode": "ar", "nll_bits_per_token": ratio / math.log(2), "stderr_bits_per_token": se / math.log(2),
-            "num_examples": n, "num_tokens": int(tokens_B.sum())}
+    out = {"mode": "ar", "nll_bits_per_token": ratio / math.log(2), "stderr_bits_per_token": se / math.log(2),
+           "num_examples": n, "num_tokens": int(tokens_B.sum())}
+    return {**out, **_per_byte(out["nll_bits_per_token"], tokens_B, text_bytes_rows)}
   out = elbo.summarize(np.concatenate(elbo_rows), np.concatenate(ce_rows), tokens_B)
   return {"mode": "diffusion", "t": [float(t) for t in np.asarray(elbo.stratified_t(s.num_t, s.t_eps))],
           "draws": s.draws, "seed": s.seed, "schedule": s.schedule, "denoiser_output": s.denoiser_output,
-          "self_cond_passes": s.self_cond_passes, **out}
+          "self_cond_passes": s.self_cond_passes, **out, **_per_byte(out["bits_per_token"], tokens_B, text_bytes_rows)}
+
+
+def _per_byte(bits_per_token: float, tokens_B: np.ndarray, text_bytes_rows: list) -> dict:
+  """The same total bits over the bytes of text the tokens spell (batches without a byte count: nothing)."""
+  if not text_bytes_rows:
+    return {}
+  num_bytes = int(np.concatenate(text_bytes_rows).sum())
+  if num_bytes == 0:
+    return {"num_text_bytes": 0}
+  return {"num_text_bytes": num_bytes, "bits_per_byte": bits_per_token * float(tokens_B.sum()) / num_bytes}
 
 
 def scalars(out: dict) -> dict[str, float]:
   """The numbers as eval/* scalars (TensorBoard)."""
   if out["mode"] == "ar":
-    return {"eval/ar_nll_bits_per_token": out["nll_bits_per_token"],
-            "eval/ar_nll_stderr": out["stderr_bits_per_token"]}
+    scores = {"eval/ar_nll_bits_per_token": out["nll_bits_per_token"],
+              "eval/ar_nll_stderr": out["stderr_bits_per_token"]}
+    if "bits_per_byte" in out:
+      scores["eval/ar_nll_bits_per_byte"] = out["bits_per_byte"]
+    return scores
   scores = {"eval/elbo_bits_per_token": out["bits_per_token"], "eval/elbo_stderr": out["stderr_bits_per_token"]}
+  if "bits_per_byte" in out:
+    scores["eval/elbo_bits_per_byte"] = out["bits_per_byte"]
   for t, e, ce in zip(out["t"], out["elbo_integrand_bits_by_t"], out["cross_entropy_bits_by_t"]):
     scores[f"eval/elbo_bits_t{t:.3f}"] = e
     scores[f"eval/ce_bits_t{t:.3f}"] = ce

@@ -13,7 +13,8 @@ from configs import text as text_config
 from dgemma import tasks
 from dgemma.data.tokenizer import load_tokenizer
 from dgemma.loading import load_model
-from dgemma.tasks.text import bpe, byte_tokenizer, chat
+from dgemma.tasks.text import bpe, byte_tokenizer, chat, likelihood
+from dgemma.training.config_utils import model_config
 from tests.script_loader import load_script
 
 CORPUS = [f"def f{i}(x):\n    return x + {i} * x\n" for i in range(40)] + ["for item in items:\n    print(item)\n"] * 8
@@ -110,3 +111,23 @@ def test_config_tokenizer_argument_sizes_the_model_and_a_run_samples_text(tmp_pa
   assert load_script("sample.py").main(["sample.py", f"--ckpt={model_dir}", "--prompt=Say hi.", "--steps=2"]) == 0
   lines = capsys.readouterr().out.splitlines()
   assert lines[0] == "=== prompt 1/1" and lines[-2].startswith("--- 1 prompt(s) · canvas 16 ·")
+
+
+def test_held_out_batches_count_the_bytes_of_text_their_tokens_spell(tmp_path):
+  """Bits per byte compare tokenizers: each example's byte count is its (stripped, gemma3-templated) response's
+  UTF-8 length when it fits, and the first canvas-capacity tokens' text when it is cut; never the specials."""
+  path = tmp_path / "tokenizer.json"
+  bpe.train(CORPUS, vocab_size=300).save(str(path))
+  responses = ["return x + 1 * x", "naïve → 数据 🙂", "  for item in items:\n    print(item)  ", "x" * 500]
+  data = tmp_path / "held_out.jsonl"
+  data.write_text("".join(json.dumps({"prompt": "p", "response": r}) + "\n" for r in responses))
+  c = text_config.get_config(f"data={data},size=debug,tokenizer={path}")
+  task = tasks.for_config(c, model_config(c.model_preset, c.model.to_dict()))
+  encoder = task.encoder(c)
+  (batch,) = likelihood.batches(encoder, batch_size=8)
+  tok = load_tokenizer(str(path))
+  capacity = c.model.canvas_length * c.data.max_canvases
+  cut = tok.decode(tok.encode(responses[3], add_bos=False)[:capacity])
+  assert len(tok.encode(responses[3], add_bos=False)) > capacity and 0 < len(cut) < 500
+  expected = [len(r.strip().encode("utf-8")) for r in responses[:3]] + [len(cut)]
+  assert batch["text_bytes"].tolist() == expected

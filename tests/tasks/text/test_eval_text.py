@@ -50,6 +50,11 @@ def test_a_diffusion_checkpoint_gets_the_elbo(runs, capsys):
   # the midpoint rule: the bound is the mean of the per-level integrands
   assert out["bits_per_token"] == pytest.approx(sum(out["elbo_integrand_bits_by_t"]) / 4)
   assert "ELBO:" in capsys.readouterr().out
+  # per byte: the same bits over the bytes the scored tokens spell (byte vocabulary: one per ASCII character,
+  # each response cut at the canvases' capacity)
+  capacity = 2 * 16  # configs/text.py size=debug: 2 canvases of 16
+  assert out["num_text_bytes"] == sum(min(len(r["response"].strip()), capacity) for r in ROWS)
+  assert out["bits_per_byte"] * out["num_text_bytes"] == pytest.approx(out["bits_per_token"] * out["num_tokens"])
   # The same key: the same number, whatever the batch size.
   again = root / "again.json"
   assert load_script("scripts/eval_text.py").main(args[:-2] + ["--batch_size=2", f"--json_out={again}"]) == 0
@@ -120,6 +125,8 @@ def test_an_ar_checkpoint_gets_its_exact_nll(runs):
   assert out["mode"] == "ar" and out["num_examples"] == 3
   # an untrained-ish byte model: positive, finite, and under 8 bits (a uniform guess over 256 bytes) is not asked
   assert math.isfinite(out["nll_bits_per_token"]) and out["nll_bits_per_token"] > 0
+  assert out["num_text_bytes"] == sum(min(len(r["response"].strip()), 2 * 16) for r in ROWS[:3])
+  assert out["bits_per_byte"] * out["num_text_bytes"] == pytest.approx(out["nll_bits_per_token"] * out["num_tokens"])
 
 
 def test_bad_input_is_one_line(runs, tmp_path, capsys):
