@@ -193,16 +193,21 @@ def list_files(path: str) -> list[str]:
   return [path]
 
 
+def _files_and_format(path: str, fmt: str) -> tuple[str, list[str], str]:
+  """(the expanded path, its files, the format: `fmt`, or detected from the path for "auto")."""
+  if fmt not in FORMATS:
+    raise ValueError(f"unknown data format {fmt!r}; choose from {', '.join(FORMATS)}")
+  path = os.path.expanduser(path)
+  files = list_files(path)
+  return path, files, detect_format(path) if fmt == "auto" else fmt
+
+
 def read(path: str, fmt: str, tokenizer: Tokenizer, fields: Fields, on_malformed: str, prefix_tokens: int,
          continuation_tokens: int, separator: str = "") -> Records:
   """The records of a file or directory (see the module docstring)."""
-  if fmt not in FORMATS:
-    raise ValueError(f"unknown data format {fmt!r}; choose from {', '.join(FORMATS)}")
   if on_malformed not in MALFORMED:
     raise ValueError(f"on_malformed must be one of {', '.join(MALFORMED)}, got {on_malformed!r}")
-  path = os.path.expanduser(path)
-  files = list_files(path)
-  fmt = detect_format(path) if fmt == "auto" else fmt
+  path, files, fmt = _files_and_format(path, fmt)
   if fmt == "jsonl":
     records = read_jsonl(files, fields, on_malformed)
   elif fmt == "array_record":
@@ -217,11 +222,7 @@ def read(path: str, fmt: str, tokenizer: Tokenizer, fields: Fields, on_malformed
 def read_texts(path: str, fmt: str, fields: Fields) -> list[str]:
   """The raw text of the data, to learn a tokenizer from (scripts/make_tokenizer.py): every turn's content of every
   record (JSONL, ArrayRecord; a malformed one stops with its place), or every file's whole text (plain text)."""
-  if fmt not in FORMATS:
-    raise ValueError(f"unknown data format {fmt!r}; choose from {', '.join(FORMATS)}")
-  path = os.path.expanduser(path)
-  files = list_files(path)
-  fmt = detect_format(path) if fmt == "auto" else fmt
+  _, files, fmt = _files_and_format(path, fmt)
   if fmt == "text":
     return [_file_text(name) for name in files]
   records = read_jsonl(files, fields, "error") if fmt == "jsonl" else read_array_record(files)
