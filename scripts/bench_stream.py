@@ -2,7 +2,7 @@
 callback (the device-to-host copy of each step's [B, C] canvas and the wait for the host), and with the live view
 (streaming.LiveCanvas, written as plain text to /dev/null: the per-step decode and write of a terminal redraw).
 
-    python scripts/init_model.py --config=configs/text.py --out=/tmp/text_small      # configs/text.py size=small
+    python scripts/init_model.py --config=configs/text.py:tokenizer=bytes --out=/tmp/text_small  # size=small, bytes
     python scripts/bench_stream.py --ckpt=/tmp/text_small --json_out=docs/results/stream_cost_cpu.json
 
 The three are run in turn, --repeats times each after one warm-up, with the same prompt and seed (so the same

@@ -53,7 +53,7 @@ flags.DEFINE_string("json_out", None, "Also write the numbers to this JSON file.
 def data_config(metadata: dict, path: str):
   """configs/text.py's data settings, overridden by those the checkpoint was trained with, reading `path`."""
   from configs import text as text_config
-  c = text_config.get_config(f"data={path}")
+  c = text_config.get_config(f"data={path},tokenizer=bytes")  # (the tokenizer: the checkpoint's, below)
   trained = (metadata.get("train_config") or {}).get("data") or {}
   for key, value in trained.items():
     if key in c.data and key != "path":

@@ -10,8 +10,9 @@ Both are the source text exactly, with the def's own indentation removed from ev
 docstrings included, keep their bytes), so ast.parse(prompt + response) gives the function's AST unchanged;
 the builder checks that for every record and skips (and counts) any function where it would not hold.
 Splits are by module (no module's functions cross splits): sha256 of the dotted module name, mod 100.
-Writes OUT_DIR/{train,validation,test}.jsonl and OUT_DIR/manifest.json (counts, sha256 of each file,
-sys.version, the options). The walk is sorted, so one interpreter gives the same bytes every time; another
+Writes OUT_DIR/{train,validation,test}.jsonl, OUT_DIR/tokenizer.json (a byte-level BPE of --vocab_size ids learned
+from the training split alone, as scripts/make_tokenizer.py learns it: configs/text.py's default vocabulary for this
+data) and OUT_DIR/manifest.json (counts, sha256 of each file, sys.version, the options). The walk is sorted, so one interpreter gives the same bytes every time; another
 Python version has another standard library and so other checksums.
 """
 
@@ -29,7 +30,13 @@ from collections import Counter
 
 from absl import app, flags
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+
+from dgemma.tasks.text import bpe, readers  # noqa: E402
+
 SPLITS = ("train", "validation", "test")
+TOKENIZER_FILE = "tokenizer.json"
+VOCAB_SIZE = 4096  # the learned vocabulary configs/text.py trains with by default (docs/text.md: 1024 to 8192 measured)
 SKIP_DIRS = frozenset({"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "__pycache__",
                        "encodings"})
 
@@ -39,6 +46,8 @@ _MIN_STATEMENTS = flags.DEFINE_integer("min_body_statements", 2, "Fewest body st
 _MAX_CHARS = flags.DEFINE_integer("max_body_chars", 2000, "Longest response (characters).")
 _VALIDATION = flags.DEFINE_integer("validation_percent", 5, "Modules (by hash) in validation.")
 _TEST = flags.DEFINE_integer("test_percent", 5, "Modules (by hash) in test.")
+_VOCAB_SIZE = flags.DEFINE_integer("vocab_size", VOCAB_SIZE, "Ids of the BPE learned from the training split "
+                                   "(specials and the 256 bytes included); 0: no tokenizer.json.")
 _PROGRESS = flags.DEFINE_integer("progress_every", 200, "A progress line every this many files.")
 
 
@@ -140,10 +149,14 @@ def records_of(text: str, module: str, min_statements: int, max_chars: int, skip
 
 
 def build(stdlib_dir: str, out_dir: str, min_statements: int = 2, max_chars: int = 2000, validation_percent: int = 5,
-          test_percent: int = 5, progress_every: int = 200, log=print) -> dict:
-  """Writes the three JSONL files and manifest.json under out_dir; returns the manifest."""
+          test_percent: int = 5, progress_every: int = 200, log=print, vocab_size: int = 0) -> dict:
+  """Writes the three JSONL files, a tokenizer.json of vocab_size ids (0: none) and manifest.json under out_dir;
+  returns the manifest."""
   if not os.path.isdir(stdlib_dir):
     raise ValueError(f"--stdlib_dir {stdlib_dir} is not a directory")
+  if vocab_size and vocab_size <= bpe.BASE_SIZE:
+    raise ValueError(f"--vocab_size {vocab_size} leaves no room for merges (the specials and bytes take "
+                     f"{bpe.BASE_SIZE}); 0 writes no tokenizer")
   if min(validation_percent, test_percent) < 0 or validation_percent + test_percent >= 100:
     raise ValueError("validation_percent and test_percent must be >= 0 and leave some training data")
   files = source_files(stdlib_dir)
@@ -175,6 +188,11 @@ def build(stdlib_dir: str, out_dir: str, min_statements: int = 2, max_chars: int
       f.write(data)
     manifest["splits"][split] = {"file": f"{split}.jsonl", "records": len(by_split[split]),
                                  "modules": len(modules[split]), "sha256": hashlib.sha256(data).hexdigest()}
+  if vocab_size:
+    texts = readers.read_texts(os.path.join(out_dir, "train.jsonl"), "jsonl", readers.Fields())
+    learned = bpe.learn(texts, vocab_size, os.path.join(out_dir, TOKENIZER_FILE))
+    manifest["tokenizer"] = {"file": TOKENIZER_FILE, "vocab_size": learned.vocab_size,
+                             "bytes_per_token": round(learned.bytes_per_token, 4), "sha256": learned.sha256}
   with open(os.path.join(out_dir, "manifest.json"), "w") as f:
     json.dump(manifest, f, indent=1)
     f.write("\n")
@@ -187,12 +205,16 @@ def main(argv):
   stdlib_dir = _STDLIB_DIR.value or sysconfig.get_paths()["stdlib"]
   try:
     m = build(stdlib_dir, _OUT_DIR.value, _MIN_STATEMENTS.value, _MAX_CHARS.value, _VALIDATION.value, _TEST.value,
-              _PROGRESS.value)
+              _PROGRESS.value, vocab_size=_VOCAB_SIZE.value)
   except (ValueError, OSError) as e:  # (OSError: an --out_dir that is a file or cannot be written)
     sys.exit(f"make_text_data: {e}")
   counts = ", ".join(f"{s} {v['records']} ({v['modules']} modules)" for s, v in m["splits"].items())
   print(f"wrote {_OUT_DIR.value}: {counts}; {m['files']} files, {len(m['unparsable_files'])} unparsable; "
         f"skipped functions: {m['skipped_functions']}")
+  if "tokenizer" in m:
+    t = m["tokenizer"]
+    print(f"wrote {os.path.join(_OUT_DIR.value, t['file'])}: a BPE of {t['vocab_size']} ids learned from the training "
+          f"split, {t['bytes_per_token']:.2f} bytes/token on it, sha256 {t['sha256']}")
 
 
 if __name__ == "__main__":

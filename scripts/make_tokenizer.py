@@ -12,7 +12,6 @@ in the byte vocabulary. Prints the vocabulary size, bytes per token on the data 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 
@@ -46,15 +45,10 @@ def run() -> int:
   data = readers.read_texts(FLAGS.data, FLAGS.format, fields)
   if not any(data):
     raise ValueError(f"{FLAGS.data} holds no text")
-  tokenizer = bpe.train(data, FLAGS.vocab_size)
-  tokenizer.save(FLAGS.out)
-  size = tokenizer.get_vocab_size(with_added_tokens=True)
-  num_bytes = sum(len(t.encode("utf-8")) for t in data)
-  num_tokens = sum(len(e.ids) for e in tokenizer.encode_batch(data, add_special_tokens=False))
-  with open(FLAGS.out, "rb") as f:
-    digest = hashlib.sha256(f.read()).hexdigest()
-  print(f"wrote {FLAGS.out}: {size} ids ({len(data)} texts, {num_bytes / num_tokens:.2f} bytes/token on them), "
-        f"sha256 {digest}")
+  learned = bpe.learn(data, FLAGS.vocab_size, FLAGS.out)
+  size = learned.vocab_size
+  print(f"wrote {FLAGS.out}: {size} ids ({learned.num_texts} texts, {learned.bytes_per_token:.2f} bytes/token on "
+        f"them), sha256 {learned.sha256}")
   if size % 16:
     print(f"note: {size} ids is not a multiple of 16: configs/text.py:tokenizer= rounds the model's vocabulary up")
   return 0

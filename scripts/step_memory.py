@@ -51,7 +51,7 @@ def _ints(text: str, name: str) -> list[int]:
 def step_setup(args, chunk: int, accum: int):
   """(jitted train step, model config, abstract state, abstract batch) of one variant."""
   from configs import text as text_config  # the recipe's optimizer and objective
-  c = text_config.get_config("size=debug")  # (the sections below do not depend on the size or the weights)
+  c = text_config.get_config("size=debug,tokenizer=bytes")  # (the sections below do not depend on the size or the weights)
   overrides = dict(canvas_length=args.canvas_len, remat=True)
   if args.vocab_size:
     overrides["vocab_size"] = args.vocab_size

@@ -11,7 +11,9 @@ reads and that an exported model carries.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+import hashlib
+from collections.abc import Iterable, Sequence
 
 from dgemma.tasks.text import byte_tokenizer
 
@@ -37,3 +39,26 @@ def train(texts: Iterable[str], vocab_size: int) -> "tokenizers.Tokenizer":
                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
   tokenizer.train_from_iterator(texts, trainer)
   return tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Learned:
+  """What `learn` wrote: its ids, bytes per token on the texts it learned from, and the file's sha256."""
+  path: str
+  vocab_size: int
+  num_texts: int
+  bytes_per_token: float
+  sha256: str
+
+
+def learn(texts: Sequence[str], vocab_size: int, path: str) -> Learned:
+  """`train` on texts, saved as the tokenizer.json `path` (scripts/make_tokenizer.py, make_text_data.py)."""
+  if not any(texts):
+    raise ValueError("no text to learn a tokenizer from")
+  tokenizer = train(texts, vocab_size)
+  tokenizer.save(path)
+  num_bytes = sum(len(t.encode("utf-8")) for t in texts)
+  num_tokens = sum(len(e.ids) for e in tokenizer.encode_batch(list(texts), add_special_tokens=False))
+  with open(path, "rb") as f:
+    digest = hashlib.sha256(f.read()).hexdigest()
+  return Learned(path, tokenizer.get_vocab_size(with_added_tokens=True), len(texts), num_bytes / num_tokens, digest)

@@ -25,6 +25,7 @@ from dgemma.tasks.base import TaskBase
 from dgemma.tasks.text import byte_tokenizer, canvases, chat, pipeline, readers, tokenizer_files
 
 STDLIB_CODE = "data/stdlib_code/train.jsonl"  # configs/text.py's default data, built by scripts/make_text_data.py
+STDLIB_TOKENIZER = "data/stdlib_code/tokenizer.json"  # ... and its default vocabulary, learned there from STDLIB_CODE
 
 
 def tokenizer_from(spec: str) -> Tokenizer:

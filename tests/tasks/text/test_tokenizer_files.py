@@ -78,7 +78,7 @@ def test_the_exported_model_samples_text_after_the_tokenizer_file_is_gone(tmp_pa
 
 def test_an_absolute_tokenizer_path_of_an_older_checkpoint_still_loads(tmp_path):
   path = small_tokenizer_json(tmp_path / "tok")
-  c = text_config.get_config("size=debug")
+  c = text_config.get_config("size=debug,tokenizer=bytes")
   config = train.build_model(c)[0]
   old = {"name": "text", "prompt_len": 32, "tokenizer": str(path), "chat_template": "gemma3", "max_canvases": 2}
   task = tasks.for_checkpoint(config, {"task": old}, str(tmp_path / "elsewhere"))
