@@ -39,9 +39,9 @@ from dgemma.training.config_utils import parse_arg
 
 SIZES = {  # width, layers, heads, batch, steps, prompt_len, canvas_length, max_canvases
     "debug": (32, 2, 2, 4, 3, 32, 16, 2),
-    "small": (128, 4, 4, 4, 2960, 256, 128, 4),  # 2960 steps: the measured 40-minute CPU run (docs/text.md)
+    "small": (128, 4, 4, 4, 2960, 256, 128, 4),  # 2960 steps: the measured runs' (docs/text.md, with wall times)
 }
-AR_STEPS = {"debug": 3, "small": 2752}  # objective=ar: its steps in the same 40 minutes (its step costs more)
+AR_STEPS = {"debug": 3, "small": 2752}  # objective=ar: the same wall time as 2960 diffusion steps when planned (bytes)
 NOISE_DRAWS = 4  # from scratch: denoiser rows per encoded example (diffusion.noise_draws; 16 rows per step)
 
 

@@ -12,8 +12,9 @@ the builder checks that for every record and skips (and counts) any function whe
 Splits are by module (no module's functions cross splits): sha256 of the dotted module name, mod 100.
 Writes OUT_DIR/{train,validation,test}.jsonl, OUT_DIR/tokenizer.json (a byte-level BPE of --vocab_size ids learned
 from the training split alone, as scripts/make_tokenizer.py learns it: configs/text.py's default vocabulary for this
-data) and OUT_DIR/manifest.json (counts, sha256 of each file, sys.version, the options). The walk is sorted, so one interpreter gives the same bytes every time; another
-Python version has another standard library and so other checksums.
+data) and OUT_DIR/manifest.json (counts, sha256 of each file, sys.version, the options). The walk is sorted, so one
+interpreter gives the same bytes every time; another Python version has another standard library and so other
+checksums.
 """
 
 from __future__ import annotations
