@@ -44,7 +44,6 @@ def train(texts: Iterable[str], vocab_size: int) -> "tokenizers.Tokenizer":
 @dataclasses.dataclass(frozen=True)
 class Learned:
   """What `learn` wrote: its ids, bytes per token on the texts it learned from, and the file's sha256."""
-  path: str
   vocab_size: int
   num_texts: int
   bytes_per_token: float
@@ -61,4 +60,4 @@ def learn(texts: Sequence[str], vocab_size: int, path: str) -> Learned:
   num_tokens = sum(len(e.ids) for e in tokenizer.encode_batch(list(texts), add_special_tokens=False))
   with open(path, "rb") as f:
     digest = hashlib.sha256(f.read()).hexdigest()
-  return Learned(path, tokenizer.get_vocab_size(with_added_tokens=True), len(texts), num_bytes / num_tokens, digest)
+  return Learned(tokenizer.get_vocab_size(with_added_tokens=True), len(texts), num_bytes / num_tokens, digest)
