@@ -39,8 +39,8 @@ class ObjectiveConfig:
   # No-gradient passes before the scored one on those rows, each fed its predecessor's logits (the first none):
   # 1 is the official recipe; more make the signal look like the sampler's later steps'.
   self_cond_passes: int = 1
-  # Noise levels drawn with density ~ t^t_tilt (0: uniform, the official), the tilt rising linearly from 0 over
-  # t_tilt_steps training steps (0: from the first step).
+  # Noise levels drawn with density ~ t^t_tilt (0: uniform, the official; > 0 more heavy noise, in (-1, 0) more
+  # light noise), the tilt moving linearly from 0 over t_tilt_steps training steps (0: from the first step).
   t_tilt: float = 0.0
   t_tilt_steps: int = 0
   # k > 1: each example is denoised at k independent noise levels against one encoding of its prompt.
@@ -82,9 +82,11 @@ class ObjectiveConfig:
       raise ValueError(f"diffusion.ar_targets must be one of {AR_TARGETS}, got {self.ar_targets!r}")
     if not 0 < self.t_eps < 0.5:
       raise ValueError(f"diffusion.t_eps must be in (0, 0.5), got {self.t_eps!r}")
-    for name in ("diffusion_loss_weight", "ar_loss_weight", "t_tilt"):
+    for name in ("diffusion_loss_weight", "ar_loss_weight"):
       if getattr(self, name) < 0:
         raise ValueError(f"diffusion.{name} must be >= 0, got {getattr(self, name)!r}")
+    if self.t_tilt <= -1:
+      raise ValueError(f"diffusion.t_tilt must be > -1 (the density t^tilt must integrate), got {self.t_tilt!r}")
     if self.diffusion_loss_weight == 0 and self.ar_loss_weight == 0:
       raise ValueError("diffusion.diffusion_loss_weight and diffusion.ar_loss_weight are both 0: nothing to train")
     for name in ("self_cond_prob", "ordered_noise_prob"):

@@ -10,9 +10,9 @@ from jaxtyping import Array, Bool, Float, Int
 
 
 def sample_t(rng: jax.Array, batch: int, eps: float = 1e-4, tilt: float | jax.Array = 0.0) -> Float[Array, "B"]:
-  """One noise level per example on [eps, 1 - eps]: uniform at tilt 0 (the official recipe); tilt g > 0 gives
-  density proportional to t^g (t = u^(1/(1+g)), u uniform), so more draws at heavy noise (g = 1: P(t < 0.3)
-  falls from 0.3 to 0.09)."""
+  """One noise level per example on [eps, 1 - eps]: uniform at tilt 0 (the official recipe); tilt g > -1 gives
+  density proportional to t^g (t = u^(1/(1+g)), u uniform): g > 0 more draws at heavy noise (g = 1: P(t < 0.3)
+  falls from 0.3 to 0.09), -1 < g < 0 more at light noise (g = -0.5: P(t < 1/16) rises from 0.06 to 0.25)."""
   u = jax.random.uniform(rng, (batch,))
   return eps + (1.0 - 2.0 * eps) * u ** (1.0 / (1.0 + tilt))
 
@@ -23,8 +23,8 @@ def tilt_at(step: int | jax.Array, tilt: float, ramp_steps: int) -> jax.Array:
   scratch learns the rules, heavy noise late, when the light-noise examples have stopped teaching.
   With loss='elbo' or 'elbo_full' a tilt reweights the bound's noise levels (no importance correction): no longer
   the ELBO."""
-  if tilt < 0:
-    raise ValueError(f"diffusion.t_tilt must be >= 0, got {tilt}")
+  if tilt <= -1:
+    raise ValueError(f"diffusion.t_tilt must be > -1 (the density t^tilt must integrate), got {tilt}")
   if ramp_steps < 0:
     raise ValueError(f"diffusion.t_tilt_steps must be >= 0, got {ramp_steps}")
   if ramp_steps == 0:

@@ -123,7 +123,7 @@ def loss_fn(params: dict, config: ModelConfig, objective: ObjectiveConfig, batch
   metrics["diffusion_accuracy"] = jnp.mean(losses.masked_mean(correct, mask_s))
   total = total + objective.diffusion_loss_weight * metrics["diffusion_loss"]
   metrics["loss"] = total
-  if objective.t_tilt > 0:
+  if objective.t_tilt != 0:
     metrics["t_tilt"] = tilt
   metrics["loss_by_t_sum"], metrics["loss_by_t_count"] = losses.noise_bin_stats(diffusion_B, t,
                                                                                  objective.num_noise_bins)

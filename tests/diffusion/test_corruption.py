@@ -64,18 +64,21 @@ def test_tilted_noise_levels_have_density_proportional_to_t_to_the_tilt():
   # sampler's inverse-CDF draw; at 40,000 draws the 0.1% critical distance is 1.95 / sqrt(n) ~ 0.0098.
   n = 40_000
   grid = np.linspace(0.01, 0.99, 99)
-  for g in (0.0, 1.0, 2.5):
+  for g in (-0.5, 0.0, 1.0, 2.5):
     t = np.sort(np.asarray(corruption.sample_t(jax.random.key(3), n, eps=1e-4, tilt=g)))
     assert t.min() >= 1e-4 and t.max() <= 1 - 1e-4
     empirical = np.searchsorted(t, grid) / n
     assert np.abs(empirical - grid ** (1 + g)).max() < 0.0098, g
   heavy = lambda g: float(np.mean(np.asarray(corruption.sample_t(jax.random.key(4), n, tilt=g)) > 0.7))
   assert heavy(1.0) > heavy(0.0) + 0.15  # 0.51 vs 0.30 draws with over 70% noise
+  light = lambda g: float(np.mean(np.asarray(corruption.sample_t(jax.random.key(4), n, tilt=g)) < 1 / 16))
+  assert light(-0.5) > light(0.0) + 0.15  # 0.25 vs 0.06 draws with under 1/16 noise
 
 
 def test_tilt_ramps_linearly_then_holds():
   np.testing.assert_allclose([float(corruption.tilt_at(s, 2.0, 100)) for s in (0, 25, 100, 400)], [0, 0.5, 2, 2])
   assert float(corruption.tilt_at(0, 2.0, 0)) == 2.0  # no ramp: the whole tilt from the first step
+  np.testing.assert_allclose(float(corruption.tilt_at(50, -0.5, 100)), -0.25)  # toward light noise
   for bad in ((-1.0, 10), (1.0, -5)):
     with pytest.raises(ValueError, match="t_tilt"):
       corruption.tilt_at(0, *bad)

@@ -32,7 +32,7 @@ def test_defaults_are_the_official_recipe():
     (dict(t_eps=0.5), r"diffusion.t_eps must be in \(0, 0.5\)"),
     (dict(t_eps=float("nan")), "diffusion.t_eps must be a finite number in float32"),
     (dict(t_tilt=1e39), "diffusion.t_tilt must be a finite number in float32"),  # finite in Python, not there
-    (dict(t_tilt=-1.0), "diffusion.t_tilt must be >= 0"),
+    (dict(t_tilt=-1.0), "diffusion.t_tilt must be > -1"),
     (dict(ar_loss_weight=-1.0), "diffusion.ar_loss_weight must be >= 0"),
     (dict(diffusion_loss_weight=0.0, ar_loss_weight=0.0), "nothing to train"),
     (dict(self_cond_prob=1.5), r"diffusion.self_cond_prob must be in \[0, 1\]"),
