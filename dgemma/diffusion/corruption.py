@@ -18,9 +18,9 @@ def sample_t(rng: jax.Array, batch: int, eps: float = 1e-4, tilt: float | jax.Ar
 
 
 def tilt_at(step: int | jax.Array, tilt: float, ramp_steps: int) -> jax.Array:
-  """The noise-level tilt at a training step: rises linearly from 0 to `tilt` over `ramp_steps` steps, then
-  stays (ramp_steps 0: `tilt` from the first step). A curriculum: light noise early, where a model from
-  scratch learns the rules, heavy noise late, when the light-noise examples have stopped teaching.
+  """The noise-level tilt at a training step: moves linearly from 0 to `tilt` over `ramp_steps` steps, then
+  stays (ramp_steps 0: `tilt` from the first step). With tilt > 0 a curriculum: light noise early, where a model
+  from scratch learns the rules, heavy noise late, when the light-noise examples have stopped teaching.
   With loss='elbo' or 'elbo_full' a tilt reweights the bound's noise levels (no importance correction): no longer
   the ELBO."""
   if tilt <= -1:
