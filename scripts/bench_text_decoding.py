@@ -1,7 +1,7 @@
 """Completions at batch 1: a diffusion text checkpoint against its autoregressive twin (docs/text.md).
 
   python scripts/bench_text_decoding.py --diffusion=DIR/model --ar=DIR_AR/model --data=data/stdlib_code/test.jsonl
-      [--num=20] [--show=3] [--seed=0] [--json_out=F]
+      [--num=20] [--show=3] [--seed=0] [--steps=N and any other sampler flag] [--python_syntax] [--json_out=F]
 
 For each of the first --num prompts of --data (read as the checkpoint's training data was, in file order), one
 prompt at a time (batch 1), each model completes it with its own decoder and its recorded defaults: the diffusion
@@ -11,10 +11,19 @@ checkpoint trained with. Reported per model: the wall time per completion (each 
 by block_until_ready), tokens per completion, and for diffusion the denoising steps per canvas. To compare at the
 same length, the AR twin is also timed decoding exactly the tokens the diffusion model produced for the prompt
 (no early stop). The first --show completions of each are printed unedited.
+
+Two measures of what the completions are worth, both independent of the diffusion model: the AR twin's negative
+log-likelihood of each completion (bits per token, its stop token included; lower: more likely text to the twin;
+its own greedy completions are its most likely, so read it across diffusion settings, such as --steps), and with
+--python_syntax the share of completions that make the prompt a function Python parses (`ast.parse` of the prompt,
+the body's first-line indentation and the completion: the chat template trims the response, so its first line
+comes without its indentation; every test-split reference passes). Sampler flags (--steps, --t_max, ...) change
+the diffusion sampler's knobs as in sample.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -27,6 +36,7 @@ sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))  # scripts/, for 
 from absl import flags  # noqa: E402
 
 from dgemma import cli  # noqa: E402
+from dgemma.sampling import flags as sampler_flags  # noqa: E402
 
 FLAGS = flags.FlagValues()
 _D = dict(flag_values=FLAGS)
@@ -37,7 +47,11 @@ flags.DEFINE_string("data", None, "Prompts: a file in a format the text task rea
 flags.DEFINE_integer("num", 20, "Prompts to complete (the first ones of --data).", **_D)
 flags.DEFINE_integer("show", 3, "Completions of each model to print.", **_D)
 flags.DEFINE_integer("seed", 0, "Random seed of the diffusion sampler.", **_D)
+flags.DEFINE_bool("python_syntax", False, "Also report the share of completions that parse as Python with their "
+                  "prompt (the stdlib code-completion task).", **_D)
+flags.DEFINE_string("body_indent", "    ", "--python_syntax: the indentation the completion's first line gets.", **_D)
 flags.DEFINE_string("json_out", None, "Also write the numbers and the shown completions to this JSON file.", **_D)
+sampler_flags.define(FLAGS, skip=("max_new_tokens", "canvas_length", "stop_ids", "return_trajectory"))
 
 
 def _load_text(path: str):
@@ -76,13 +90,42 @@ def _text(task, tokens) -> str:
   return str(task.decode(tokens[None])[0])
 
 
+def _completion_mask(tokens, stop_ids) -> "np.ndarray":
+  """True on a completion's tokens through its first stop id (all of them when it has none)."""
+  import numpy as np
+  stops = np.flatnonzero(np.isin(tokens, stop_ids))
+  end = int(stops[0]) + 1 if stops.size else len(tokens)
+  return np.arange(len(tokens)) < end
+
+
+def _parses(prompt: str, completion: str, indent: str) -> bool:
+  import ast
+  try:
+    ast.parse(prompt + indent + completion)
+  except (SyntaxError, ValueError):  # ValueError: a NUL byte in the text
+    return False
+  return True
+
+
+def _prompt_texts(path: str, num: int) -> list[str]:
+  """The raw prompt strings of the first `num` examples of a prompt/response JSONL file (--python_syntax)."""
+  if not path.endswith(".jsonl"):
+    raise ValueError(f"--python_syntax reads the prompts' text from a prompt/response .jsonl file, got {path}")
+  out = []
+  with open(path) as f:
+    for line in f:
+      if line.strip() and len(out) < num:
+        out.append(json.loads(line)["prompt"])
+  return out
+
+
 def run() -> int:
   import jax
   import numpy as np
 
-  from dgemma.sampling import config as sampler_lib
   from dgemma.sampling.autoregressive import ARConfig, compile_autoregressive
   from dgemma.sampling.generate import compile_generate
+  from dgemma.tasks.text import likelihood
 
   for name in ("diffusion", "ar", "data"):
     if not FLAGS[name].value:
@@ -94,12 +137,29 @@ def run() -> int:
   d_task, d_params, d_meta = _load_text(FLAGS.diffusion)
   a_task, a_params, a_meta = _load_text(FLAGS.ar)
   features = d_meta.get("position_features")
-  sampler = d_task.sampler(sampler_lib.sampler_config(
-      d_meta, self_conditioning=sampler_lib.self_conditioning_for(d_meta)))
+  sampler = d_task.sampler(sampler_flags.sampler_config(FLAGS, d_meta))
   capacity = sampler.max_new_tokens
   if not os.path.exists(FLAGS.data):
     raise ValueError(f"--data={FLAGS.data} does not exist")
   prompts = _prompts(d_task, d_meta, FLAGS.data, FLAGS.num)
+  twin_prompts = _prompts(a_task, a_meta, FLAGS.data, FLAGS.num)
+  if len(twin_prompts) != len(prompts) or any(
+      not np.array_equal(p[0], q[0]) for p, q in zip(prompts, twin_prompts)):
+    raise ValueError(f"{FLAGS.ar} reads the prompts of --data differently from {FLAGS.diffusion} (another "
+                     "tokenizer, chat template or prompt length): it is not the diffusion model's twin")
+  prompt_texts = _prompt_texts(FLAGS.data, FLAGS.num) if FLAGS.python_syntax else None
+  if prompt_texts is not None and len(prompt_texts) != len(prompts):
+    raise ValueError(f"--python_syntax: {FLAGS.data} has {len(prompt_texts)} prompts, the task read {len(prompts)}")
+  scorer = likelihood.Scorer(a_task.config, features)
+  stop_ids = np.array(a_task.config.stop_ids)
+
+  def twin_bits(tokens, completion):
+    """(the twin's NLL of `completion` after `tokens` in bits, its token count)."""
+    mask = _completion_mask(completion, stop_ids)
+    batch = dict(prompt=np.asarray(tokens), canvas=completion[None], canvas_mask=mask[None])
+    out = likelihood.evaluate(scorer, a_params, [batch], likelihood.Settings(mode="ar"))
+    return out["nll_bits_per_token"] * out["num_tokens"], out["num_tokens"]
+
   key = jax.random.key(cli.check_seed(FLAGS.seed))
   tokens0, valid0 = prompts[0]
   diffuse, _ = compile_generate(d_params, d_task.config, tokens0, valid0, key, sampler, position_features=features)
@@ -121,9 +181,19 @@ def run() -> int:
                                              position_features=features)[0]
       _timed(ar_fixed[n_d], tokens, valid, key)  # first call: warm-up
     _, a_same_s = _timed(ar_fixed[n_d], tokens, valid, key)
-    rows.append(dict(diffusion_s=d_s, diffusion_tokens=n_d, steps_per_canvas=steps, ar_s=a_s, ar_tokens=n_a,
-                     ar_same_length_s=a_same_s,
-                     diffusion_text=_text(d_task, d_tokens), ar_text=_text(a_task, a_tokens)))
+    d_bits, d_scored = twin_bits(tokens, d_tokens)
+    a_bits, a_scored = twin_bits(tokens, a_tokens)
+    d_ids = [int(t) for t in d_tokens[_completion_mask(d_tokens, stop_ids)]]
+    a_ids = [int(t) for t in a_tokens[_completion_mask(a_tokens, stop_ids)]]
+    row = dict(diffusion_s=d_s, diffusion_tokens=n_d, steps_per_canvas=steps, ar_s=a_s, ar_tokens=n_a,
+               ar_same_length_s=a_same_s, diffusion_twin_bits=d_bits, diffusion_twin_scored=d_scored,
+               ar_twin_bits=a_bits, ar_twin_scored=a_scored,
+               diffusion_text=_text(d_task, d_tokens), ar_text=_text(a_task, a_tokens), diffusion_ids=d_ids,
+               ar_ids=a_ids)
+    if prompt_texts is not None:
+      row.update(diffusion_parses=_parses(prompt_texts[i], row["diffusion_text"], FLAGS.body_indent),
+                 ar_parses=_parses(prompt_texts[i], row["ar_text"], FLAGS.body_indent))
+    rows.append(row)
     print(f"prompt {i + 1}/{len(prompts)}: diffusion {d_s:.2f} s, {n_d} tokens, steps per canvas {steps} | "
           f"AR {a_s:.2f} s, {n_a} tokens | AR at diffusion's length {a_same_s:.2f} s", flush=True)
 
@@ -139,11 +209,22 @@ def run() -> int:
       diffusion_tokens_median=median("diffusion_tokens"), ar_tokens_median=median("ar_tokens"),
       steps_per_canvas_mean=sum(all_steps) / len(all_steps), steps_per_canvas_max=max(all_steps),
       diffusion_tokens_per_s=sum(r["diffusion_tokens"] for r in rows) / sum(r["diffusion_s"] for r in rows),
-      ar_tokens_per_s=sum(r["ar_tokens"] for r in rows) / sum(r["ar_s"] for r in rows))
+      ar_tokens_per_s=sum(r["ar_tokens"] for r in rows) / sum(r["ar_s"] for r in rows),
+      diffusion_twin_bits_per_token=sum(r["diffusion_twin_bits"] for r in rows) / sum(
+          r["diffusion_twin_scored"] for r in rows),
+      ar_twin_bits_per_token=sum(r["ar_twin_bits"] for r in rows) / sum(r["ar_twin_scored"] for r in rows),
+      sampler={k: v for k, v in dataclasses.asdict(sampler).items() if k != "stop_ids"})
+  if prompt_texts is not None:
+    summary.update(diffusion_parse_share=sum(r["diffusion_parses"] for r in rows) / len(rows),
+                   ar_parse_share=sum(r["ar_parses"] for r in rows) / len(rows))
   print(f"--- {len(rows)} prompts at batch 1 · medians: diffusion {summary['diffusion_s_median']:.2f} s "
         f"({summary['diffusion_tokens_median']} tokens, {summary['steps_per_canvas_mean']:.1f} steps per canvas "
         f"on average, max {summary['steps_per_canvas_max']}) · AR {summary['ar_s_median']:.2f} s "
         f"({summary['ar_tokens_median']} tokens) · AR at diffusion's length {summary['ar_same_length_s_median']:.2f} s")
+  print(f"--- the AR twin's NLL of the completions: diffusion {summary['diffusion_twin_bits_per_token']:.2f}, "
+        f"AR {summary['ar_twin_bits_per_token']:.2f} bits/token" + (
+            f" · parse as Python: diffusion {summary['diffusion_parse_share']:.0%}, AR {summary['ar_parse_share']:.0%}"
+            if prompt_texts is not None else ""))
   for i, r in enumerate(rows[:FLAGS.show]):
     print(f"\n=== completion {i + 1}, diffusion ({r['diffusion_tokens']} tokens, steps {r['steps_per_canvas']}):\n"
           f"{r['diffusion_text']}\n=== completion {i + 1}, AR ({r['ar_tokens']} tokens):\n{r['ar_text']}")

@@ -243,21 +243,59 @@ def test_eval_every_without_data_is_refused(runs, tmp_path):
     train.train(c, str(tmp_path / "run"))
 
 
+def _twin_bits_by_hand(ar_dir, prompt_row, completion_ids):
+  """The AR checkpoint's NLL (bits) of the completion after the left-padded prompt, through the functional API:
+  one causal encode of the whole row, each completion token read from the logits one slot before it."""
+  from dgemma import model
+  config, params, _ = load_model(str(ar_dir))
+  row = np.concatenate([prompt_row, np.asarray(completion_ids, np.int32)])[None]
+  valid = row != config.pad_id
+  logits, _ = model.encode(params, config, jax.numpy.asarray(row), model.init_cache(config, 1, row.shape[1]),
+                           jax.numpy.asarray(valid))
+  logp = jax.nn.log_softmax(np.asarray(logits[0], np.float64), -1)
+  p = len(prompt_row)
+  return -sum(float(logp[p - 1 + j, t]) for j, t in enumerate(completion_ids)) / math.log(2)
+
+
 def test_decoding_benchmark_runs_both_decoders_at_batch_1(runs, capsys):
   root, data = runs
   out_path = root / "decoding.json"
   args = ["bench_text_decoding.py", f"--diffusion={root / 'diffusion' / 'model'}", f"--ar={root / 'ar' / 'model'}",
-          f"--data={data}", "--num=2", "--show=1", f"--json_out={out_path}"]
-  assert load_script("scripts/bench_text_decoding.py").main(args) == 0
+          f"--data={data}", "--num=2", "--show=1", f"--json_out={out_path}", "--steps=2"]
+  bench = load_script("scripts/bench_text_decoding.py")
+  assert bench.main(args) == 0
   out = json.loads(out_path.read_text())
   summary, rows = out["summary"], out["per_prompt"]
   assert summary["prompts"] == len(rows) == 2
+  assert summary["max_denoising_steps"] == summary["sampler"]["max_denoising_steps"] == 2  # --steps reached it
   for r in rows:
-    assert r["steps_per_canvas"] and all(1 <= s <= summary["max_denoising_steps"] for s in r["steps_per_canvas"])
+    assert r["steps_per_canvas"] and all(1 <= s <= 2 for s in r["steps_per_canvas"])
     assert 0 < r["diffusion_tokens"] <= summary["max_new_tokens"] and 0 < r["ar_tokens"] <= summary["max_new_tokens"]
   assert "=== completion 1, diffusion" in capsys.readouterr().out
-  assert load_script("scripts/bench_text_decoding.py").main(args[:2] + args[3:]) == 1  # no --ar: one error line
+  # the twin's score of each completion, against the AR checkpoint's log-probabilities read by hand
+  ar_dir = root / "ar" / "model"
+  task, _, meta = bench._load_text(str(ar_dir))
+  prompt_row = bench._prompts(task, meta, str(data), 1)[0][0][0]
+  for which in ("ar", "diffusion"):
+    ids = rows[0][f"{which}_ids"]
+    assert ids and rows[0][f"{which}_twin_scored"] == len(ids)
+    assert rows[0][f"{which}_twin_bits"] == pytest.approx(_twin_bits_by_hand(ar_dir, prompt_row, ids), rel=1e-4)
+  assert summary["ar_twin_bits_per_token"] == pytest.approx(
+      sum(r["ar_twin_bits"] for r in rows) / sum(len(r["ar_ids"]) for r in rows))
+  capsys.readouterr()
+  assert bench.main(args[:2] + args[3:]) == 1  # no --ar: one error line
   assert capsys.readouterr().err.strip() == "error: --ar is required"
+
+
+def test_completions_that_parse_as_python():
+  bench = load_script("scripts/bench_text_decoding.py")
+  prompt = 'def f(x):\n    """Add one."""\n'  # the chat template trims the body's first indentation off
+  assert bench._parses(prompt, "y = x + 1\n    return y\n", "    ")
+  assert not bench._parses(prompt, "y = x +\n    return y\n", "    ")
+  assert not bench._parses(prompt, "y = x + 1\n  return y\n", "    ")  # an unindent that matches nothing
+  assert not bench._parses(prompt, "x\0", "    ")  # a NUL byte: not Python, not an exception
+  assert list(bench._completion_mask(np.array([5, 6, 1, 0, 0]), np.array([1]))) == [1, 1, 1, 0, 0]
+  assert list(bench._completion_mask(np.array([5, 6, 7]), np.array([1]))) == [1, 1, 1]
 
 
 def test_a_bad_num_samples_is_refused(runs, tmp_path):
