@@ -15,10 +15,10 @@ same length, the AR twin is also timed decoding exactly the tokens the diffusion
 Two measures of what the completions are worth, both independent of the diffusion model: the AR twin's negative
 log-likelihood of each completion (bits per token, its stop token included; lower: more likely text to the twin;
 its own greedy completions are its most likely, so read it across diffusion settings, such as --steps), and with
---python_syntax the share of completions that make the prompt a function Python parses (`ast.parse` of the prompt,
-the body's first-line indentation and the completion: the chat template trims the response, so its first line
-comes without its indentation; every test-split reference passes). Sampler flags (--steps, --t_max, ...) change
-the diffusion sampler's knobs as in sample.py.
+--python_syntax the share of non-empty completions that make the prompt a function Python parses (`ast.parse` of
+the prompt, the body's first-line indentation and the completion: the chat template trims the response, so its
+first line comes without its indentation; every test-split reference passes). Sampler flags (--steps, --t_max,
+...) change the diffusion sampler's knobs as in sample.py.
 """
 
 from __future__ import annotations
@@ -99,7 +99,11 @@ def _completion_mask(tokens, stop_ids) -> "np.ndarray":
 
 
 def _parses(prompt: str, completion: str, indent: str) -> bool:
+  """Whether the completion is a body that makes the prompt a function Python parses; an empty one is not (a
+  docstring alone parses)."""
   import ast
+  if not completion.strip():
+    return False
   try:
     ast.parse(prompt + indent + completion)
   except (SyntaxError, ValueError):  # ValueError: a NUL byte in the text

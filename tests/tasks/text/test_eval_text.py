@@ -294,6 +294,7 @@ def test_completions_that_parse_as_python():
   assert not bench._parses(prompt, "y = x +\n    return y\n", "    ")
   assert not bench._parses(prompt, "y = x + 1\n  return y\n", "    ")  # an unindent that matches nothing
   assert not bench._parses(prompt, "x\0", "    ")  # a NUL byte: not Python, not an exception
+  assert not bench._parses(prompt, " \n", "    ")  # nothing completed, though the docstring alone parses
   assert list(bench._completion_mask(np.array([5, 6, 1, 0, 0]), np.array([1]))) == [1, 1, 1, 0, 0]
   assert list(bench._completion_mask(np.array([5, 6, 7]), np.array([1]))) == [1, 1, 1]
 
