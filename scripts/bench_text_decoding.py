@@ -117,9 +117,12 @@ def _prompt_texts(path: str, num: int) -> list[str]:
     raise ValueError(f"--python_syntax reads the prompts' text from a prompt/response .jsonl file, got {path}")
   out = []
   with open(path) as f:
-    for line in f:
+    for number, line in enumerate(f, 1):
       if line.strip() and len(out) < num:
-        out.append(json.loads(line)["prompt"])
+        prompt = json.loads(line).get("prompt")
+        if not isinstance(prompt, str):
+          raise ValueError(f"--python_syntax: {path}:{number} has no string 'prompt' field")
+        out.append(prompt)
   return out
 
 

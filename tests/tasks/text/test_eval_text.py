@@ -287,8 +287,12 @@ def test_decoding_benchmark_runs_both_decoders_at_batch_1(runs, capsys):
   assert capsys.readouterr().err.strip() == "error: --ar is required"
 
 
-def test_completions_that_parse_as_python():
+def test_completions_that_parse_as_python(tmp_path):
   bench = load_script("scripts/bench_text_decoding.py")
+  chat = tmp_path / "chat.jsonl"
+  chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+  with pytest.raises(ValueError, match=r"chat.jsonl:1 has no string 'prompt' field"):
+    bench._prompt_texts(str(chat), 1)
   prompt = 'def f(x):\n    """Add one."""\n'  # the chat template trims the body's first indentation off
   assert bench._parses(prompt, "y = x + 1\n    return y\n", "    ")
   assert not bench._parses(prompt, "y = x +\n    return y\n", "    ")
