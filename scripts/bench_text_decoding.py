@@ -2,18 +2,20 @@
 
   python scripts/bench_text_decoding.py --diffusion=DIR/model --ar=DIR_AR/model --data=data/stdlib_code/test.jsonl
       [--num=20] [--show=3] [--seed=0] [--steps=N and any other sampler flag] [--python_syntax] [--json_out=F]
+      [--ar_temperature=0] [--judge=DIR/model]
 
 For each of the first --num prompts of --data (read as the checkpoint's training data was, in file order), one
 prompt at a time (batch 1), each model completes it with its own decoder and its recorded defaults: the diffusion
 model with the block-diffusion sampler (adaptive stop, so the denoising steps per canvas vary), the AR twin with
-greedy decoding, one encoder pass per token; both stop at the model's stop ids, at most the canvases the
+greedy decoding (--ar_temperature > 0: sampled), one encoder pass per token; both stop at the model's stop ids, at most the canvases the
 checkpoint trained with. Reported per model: the wall time per completion (each call compiled beforehand and ended
 by block_until_ready), tokens per completion, and for diffusion the denoising steps per canvas. To compare at the
 same length, the AR twin is also timed decoding exactly the tokens the diffusion model produced for the prompt
-(no early stop). The first --show completions of each are printed unedited.
+(no early stop). The first --show completions of each are printed unedited. Prompt i's draws come from
+fold_in(key(--seed), i), so the completions of different prompts do not share their noise.
 
-Two measures of what the completions are worth, both independent of the diffusion model: the AR twin's negative
-log-likelihood of each completion (bits per token, its stop token included; lower: more likely text to the twin;
+Two measures of what the completions are worth, both independent of the diffusion model: the AR twin's (or
+--judge's) negative log-likelihood of each completion (bits per token, its stop token included; lower: more likely text to the twin;
 its own greedy completions are its most likely, so read it across diffusion settings, such as --steps), and with
 --python_syntax the share of non-empty completions that make the prompt a function Python parses (`ast.parse` of
 the prompt, the body's first-line indentation and the completion: the chat template trims the response, so its
@@ -46,9 +48,12 @@ flags.DEFINE_string("data", None, "Prompts: a file in a format the text task rea
                     **_D)
 flags.DEFINE_integer("num", 20, "Prompts to complete (the first ones of --data).", **_D)
 flags.DEFINE_integer("show", 3, "Completions of each model to print.", **_D)
-flags.DEFINE_integer("seed", 0, "Random seed of the diffusion sampler.", **_D)
-flags.DEFINE_bool("python_syntax", False, "Also report the share of completions that parse as Python with their "
-                  "prompt (the stdlib code-completion task).", **_D)
+flags.DEFINE_integer("seed", 0, "Random seed of the samplers (prompt i: fold_in(key(seed), i)).", **_D)
+flags.DEFINE_float("ar_temperature", 0.0, "Temperature of the AR decoder (0: greedy).", **_D)
+flags.DEFINE_string("judge", None, "The AR model whose NLL scores every completion, read like --ar (unset: --ar).",
+                    **_D)
+flags.DEFINE_bool("python_syntax", False, "Also report the share of non-empty completions that parse as Python "
+                  "with their prompt (the stdlib code-completion task).", **_D)
 flags.DEFINE_string("body_indent", "    ", "--python_syntax: the indentation the completion's first line gets.", **_D)
 flags.DEFINE_string("json_out", None, "Also write the numbers and the shown completions to this JSON file.", **_D)
 sampler_flags.define(FLAGS, skip=("max_new_tokens", "canvas_length", "stop_ids", "return_trajectory"))
@@ -139,46 +144,52 @@ def run() -> int:
       raise ValueError(f"--{name} is required")
   if FLAGS.num < 1:
     raise ValueError(f"--num must be >= 1, got {FLAGS.num}")
+  if not FLAGS.ar_temperature >= 0:
+    raise ValueError(f"--ar_temperature must be >= 0, got {FLAGS.ar_temperature}")
   if FLAGS.json_out:
     cli.check_output_path(FLAGS.json_out, "--json_out")
   d_task, d_params, d_meta = _load_text(FLAGS.diffusion)
   a_task, a_params, a_meta = _load_text(FLAGS.ar)
+  j_task, j_params, j_meta = _load_text(FLAGS.judge) if FLAGS.judge else (a_task, a_params, a_meta)
   features = d_meta.get("position_features")
   sampler = d_task.sampler(sampler_flags.sampler_config(FLAGS, d_meta))
   capacity = sampler.max_new_tokens
   if not os.path.exists(FLAGS.data):
     raise ValueError(f"--data={FLAGS.data} does not exist")
   prompts = _prompts(d_task, d_meta, FLAGS.data, FLAGS.num)
-  twin_prompts = _prompts(a_task, a_meta, FLAGS.data, FLAGS.num)
-  if len(twin_prompts) != len(prompts) or any(
-      not np.array_equal(p[0], q[0]) for p, q in zip(prompts, twin_prompts)):
-    raise ValueError(f"{FLAGS.ar} reads the prompts of --data differently from {FLAGS.diffusion} (another "
-                     "tokenizer, chat template or prompt length): it is not the diffusion model's twin")
+  for other, (o_task, o_meta) in ((FLAGS.ar, (a_task, a_meta)), (FLAGS.judge, (j_task, j_meta))):
+    twin_prompts = _prompts(o_task, o_meta, FLAGS.data, FLAGS.num) if other else prompts
+    if len(twin_prompts) != len(prompts) or any(
+        not np.array_equal(p[0], q[0]) for p, q in zip(prompts, twin_prompts)):
+      raise ValueError(f"{other} reads the prompts of --data differently from {FLAGS.diffusion} (another "
+                       "tokenizer, chat template or prompt length): it is not the diffusion model's twin")
   prompt_texts = _prompt_texts(FLAGS.data, FLAGS.num) if FLAGS.python_syntax else None
   if prompt_texts is not None and len(prompt_texts) != len(prompts):
     raise ValueError(f"--python_syntax: {FLAGS.data} has {len(prompt_texts)} prompts, the task read {len(prompts)}")
-  scorer = likelihood.Scorer(a_task.config, features)
-  stop_ids = np.array(a_task.config.stop_ids)
+  scorer = likelihood.Scorer(j_task.config, features)
+  stop_ids = np.array(j_task.config.stop_ids)
 
   def twin_bits(tokens, completion):
     """(the twin's NLL of `completion` after `tokens` in bits, its token count)."""
     mask = _completion_mask(completion, stop_ids)
     batch = dict(prompt=np.asarray(tokens), canvas=completion[None], canvas_mask=mask[None])
-    out = likelihood.evaluate(scorer, a_params, [batch], likelihood.Settings(mode="ar"))
+    out = likelihood.evaluate(scorer, j_params, [batch], likelihood.Settings(mode="ar"))
     return out["nll_bits_per_token"] * out["num_tokens"], out["num_tokens"]
 
   key = jax.random.key(cli.check_seed(FLAGS.seed))
   tokens0, valid0 = prompts[0]
   diffuse, _ = compile_generate(d_params, d_task.config, tokens0, valid0, key, sampler, position_features=features)
   ar_natural, _ = compile_autoregressive(a_params, a_task.config, tokens0, valid0, key,
-                                         ARConfig(max_new_tokens=capacity), position_features=features)
+                                         ARConfig(max_new_tokens=capacity, temperature=FLAGS.ar_temperature),
+                                         position_features=features)
   ar_fixed = {}  # exact-length AR decoders, one compiled program per length
   rows = []
   for i, (tokens, valid) in enumerate(prompts):
-    d_out, d_s = _timed(diffuse, tokens, valid, key)
+    key_i = jax.random.fold_in(key, i)
+    d_out, d_s = _timed(diffuse, tokens, valid, key_i)
     d_tokens = np.asarray(d_out.tokens)[0]
     steps = [int(s) for s in np.asarray(d_out.steps_per_canvas)[0] if s]
-    a_out, a_s = _timed(ar_natural, tokens, valid, key)
+    a_out, a_s = _timed(ar_natural, tokens, valid, key_i)
     a_tokens = np.asarray(a_out.tokens)[0]
     n_d = int((d_tokens != d_task.config.pad_id).sum())
     n_a = int((a_tokens != a_task.config.pad_id).sum())
@@ -220,7 +231,8 @@ def run() -> int:
       diffusion_twin_bits_per_token=sum(r["diffusion_twin_bits"] for r in rows) / sum(
           r["diffusion_twin_scored"] for r in rows),
       ar_twin_bits_per_token=sum(r["ar_twin_bits"] for r in rows) / sum(r["ar_twin_scored"] for r in rows),
-      sampler={k: v for k, v in dataclasses.asdict(sampler).items() if k != "stop_ids"})
+      sampler={k: v for k, v in dataclasses.asdict(sampler).items() if k != "stop_ids"},
+      ar_temperature=FLAGS.ar_temperature, judge=os.path.abspath(FLAGS.judge or FLAGS.ar))
   if prompt_texts is not None:
     summary.update(diffusion_parse_share=sum(r["diffusion_parses"] for r in rows) / len(rows),
                    ar_parse_share=sum(r["ar_parses"] for r in rows) / len(rows))
@@ -228,7 +240,7 @@ def run() -> int:
         f"({summary['diffusion_tokens_median']} tokens, {summary['steps_per_canvas_mean']:.1f} steps per canvas "
         f"on average, max {summary['steps_per_canvas_max']}) · AR {summary['ar_s_median']:.2f} s "
         f"({summary['ar_tokens_median']} tokens) · AR at diffusion's length {summary['ar_same_length_s_median']:.2f} s")
-  print(f"--- the AR twin's NLL of the completions: diffusion {summary['diffusion_twin_bits_per_token']:.2f}, "
+  print(f"--- the {'judge' if FLAGS.judge else 'AR twin'}'s NLL of the completions: diffusion {summary['diffusion_twin_bits_per_token']:.2f}, "
         f"AR {summary['ar_twin_bits_per_token']:.2f} bits/token" + (
             f" · parse as Python: diffusion {summary['diffusion_parse_share']:.0%}, AR {summary['ar_parse_share']:.0%}"
             if prompt_texts is not None else ""))

@@ -31,6 +31,12 @@ Denoiser = Callable[[Int[Array, "B L"]], Float[Array, "B L V"]]  # x_t -> logits
 DENOISER_OUTPUTS = ("context", "full")
 
 
+def denoiser_output_for(loss: str) -> str:
+  """What a run trained with `diffusion.loss` = loss makes its denoiser output: the context-only posterior for
+  loss='elbo', the full posterior for the flat cross-entropy (and elbo_full, which reads it so)."""
+  return "context" if loss == "elbo" else "full"
+
+
 def stratified_t(num_t: int, eps: float = 1e-4) -> Float[Array, "K"]:
   """The K midpoints (k + 1/2)/K, clipped into [eps, 1 - eps] (a no-op unless K > 1/(2 eps))."""
   if isinstance(num_t, bool) or not isinstance(num_t, int) or num_t < 1:

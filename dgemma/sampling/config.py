@@ -11,7 +11,10 @@ import numpy as np
 
 from dgemma.config import ModelConfig
 from dgemma.cpu import token_stats as cpu_kernel
+from dgemma.diffusion import elbo, schedules as noise_schedules
 from dgemma.sampling import schedules
+
+UPDATES = ("acceptance", "ancestral")
 
 
 def _knob(default, help: str, **flag):  # noqa: A002 (absl's word)
@@ -51,6 +54,18 @@ class SamplerConfig:
       0, "Restart a row not stopped after this many steps of its attempt, within the step budget (0: never): a "
       "fresh random canvas, no self-conditioning signal, no stop history, the temperature schedule started again "
       "over min(this, steps left).")
+  update: str = _knob(
+      "acceptance", "How a step changes the canvas: 'acceptance', the released sampler's (sample, keep the tokens "
+      "the entropy bound accepts, renoise the rest); 'ancestral', the exact reverse step of the noise process from "
+      "t to t - 1/steps, every step run (needs --adaptive_stopping=false; --schedule=constant --t_max=1: the "
+      "model's own distribution, the one its ELBO bounds).", choices=UPDATES)
+  noise_schedule: str = _knob(
+      "linear", "update=ancestral: the noise schedule alpha(t) the model was trained with (a checkpoint's "
+      "recorded diffusion.schedule where unset).", choices=tuple(noise_schedules.SCHEDULES))
+  denoiser_output: str = _knob(
+      "full", "update=ancestral: what the denoiser's softmax is, 'full' p(x0 | x_t) (flat cross-entropy) or "
+      "'context' p(x0_l | the other tokens) (loss=elbo); a checkpoint's recorded loss decides where unset.",
+      choices=elbo.DENOISER_OUTPUTS)
   # The same tokens either way, up to summation order. True: canvases {0}, {1}, {2, 3}, {4..7}, ... share a bucket,
   # which reads the prompt and 0, 1, 3, 7, ... canvases; 1 + ceil(log2 n) copies of the step loop for n canvases,
   # and each canvas of a bucket but the last copies that much of the cache once. False: the least compile time
@@ -95,6 +110,14 @@ class SamplerConfig:
     if not self.confidence_threshold > 0:
       raise ValueError(f"confidence_threshold must be > 0, got {self.confidence_threshold!r}")
     schedules.check(self.schedule, self.t_max, self.t_min)
+    if self.update not in UPDATES:
+      raise ValueError(f"update must be one of {UPDATES}, got {self.update!r}")
+    if self.update == "ancestral" and (self.adaptive_stopping or self.restart_after):
+      raise ValueError("update='ancestral' runs every step from t = 1 to t = 0: it needs adaptive_stopping=False "
+                       "and restart_after=0 (--adaptive_stopping=false)")
+    noise_schedules.get(self.noise_schedule)
+    if self.denoiser_output not in elbo.DENOISER_OUTPUTS:
+      raise ValueError(f"denoiser_output must be one of {elbo.DENOISER_OUTPUTS}, got {self.denoiser_output!r}")
     if self.token_stats not in cpu_kernel.IMPLS:
       raise ValueError(f"token_stats must be one of {cpu_kernel.IMPLS}, got {self.token_stats!r}")
 
@@ -121,9 +144,15 @@ def sampler_config(metadata: dict | None = None, **overrides) -> SamplerConfig:
   """The sampler for a checkpoint: each knob from `overrides` where given (None: not given), else from the
   checkpoint's recorded defaults (`metadata["sampler"]`, written by train.py from the config's `sampler`
   section), else SamplerConfig's (the released model's). Turning adaptive stopping off drops recorded restarts
-  (they need stops); asking for both is an error."""
+  (they need stops); asking for both is an error. The ancestral step's noise schedule and denoiser output come
+  from the checkpoint's training config where it records one (`metadata["train_config"]["diffusion"]`)."""
   recorded = dict((metadata or {}).get("sampler") or {})
-  unknown = sorted(set(recorded) - set(RECORDABLE))
+  trained = ((metadata or {}).get("train_config") or {}).get("diffusion") or {}
+  if "schedule" in trained:
+    recorded.setdefault("noise_schedule", trained["schedule"])
+  if "loss" in trained:
+    recorded.setdefault("denoiser_output", elbo.denoiser_output_for(trained["loss"]))
+  unknown = sorted(set((metadata or {}).get("sampler") or {}) - set(RECORDABLE))
   if unknown:
     raise ValueError(f"checkpoint records unknown sampler defaults {unknown}; known: {list(RECORDABLE)}")
   if overrides.get("adaptive_stopping") is False and overrides.get("restart_after") is None:

@@ -11,6 +11,8 @@ the next canvas starts, until every row has stopped or `max_new_tokens` are reac
 Hugging Face's `DiffusionGemmaGenerationMixin.generate`; randomness is per row (a row's result does not
 depend on the rest of its batch), so the random draws differ from torch's. `restart_after` > 0 (not in the
 references) gives a row that does not stop new attempts at its canvas: dgemma/sampling/restarts.py.
+`update="ancestral"` (not in the references) replaces sample -> accept -> renoise by the exact reverse step of the
+noise process (dgemma/sampling/ancestral.py): every step runs, and the last step's canvas is the sample.
 
 Read top to bottom: `_step` (one denoising step), `_denoise_canvas` (the step loop), `_next_canvas` (one canvas:
 its keys, its step loop over its part of the cache, the commit) and `_generate` (the prefill and the canvas loop).
@@ -39,7 +41,7 @@ from dgemma.model.cache import KVCache, init_cache
 from dgemma.model.transformer import DiffusionGemma
 from dgemma.cpu import token_stats as cpu_kernel
 from dgemma.cpu.threefry import use_unrolled_threefry_on_cpu
-from dgemma.sampling import acceptance, restarts, schedules, stopping
+from dgemma.sampling import acceptance, ancestral, restarts, schedules, stopping
 from dgemma.sampling.config import RECORDABLE, SamplerConfig, sampler_config, self_conditioning_for  # noqa: F401
 from dgemma.sampling.randomness import check_rng, per_row, row_keys, split_per_row, uniform_tokens
 from dgemma.sampling.restarts import RESTART_SALT  # noqa: F401 (the public name of attempt j's salt)
@@ -155,26 +157,32 @@ def _step(d: _Denoiser, cv: _Canvas, st: _StepState) -> _StepState:
     k_B, keys_B, temp = restarts.position(s, st.attempts, jax.random.key_impl(cv.row_keys))
   raw = d.denoise(st.canvas, cv.cache, st.sc_signal, k_B > 0)  # an attempt's first step has no signal
   sample_keys, noise_keys = split_per_row(per_row(jax.random.fold_in, keys_B, k_B))
-  uniform = per_row(lambda k: jax.random.uniform(k, (c,)), sample_keys)
-  noise = uniform_tokens(noise_keys, c, d.config.vocab_size)
-  if s.token_stats == "cpu":  # the probabilities come out in the carried dtype
-    stats = cpu_kernel.token_stats(raw, uniform, temp, probs_dtype=d.carried_dtype if d.sc_probs else None)
+  if s.update == "ancestral":  # (no stop rule: every step runs, so no entropy)
+    canvas = ancestral.step(sample_keys, raw, st.canvas, st.step, n, s.noise_schedule, s.denoiser_output, temp)
+    estimate, entropy = canvas, None  # the canvas is the estimate: at the last step, x_0
+    probs = jax.nn.softmax(raw.astype(jnp.float32) / temp, axis=-1).astype(d.carried_dtype) if d.sc_probs else None
   else:
-    stats = acceptance.analyse(raw, uniform, with_probs=d.sc_probs, temperature=temp)
-  accept = acceptance.entropy_bounded_accept(stats.entropy, s.entropy_bound)
-  canvas = acceptance.renoise(accept, stats.sample, noise)
+    uniform = per_row(lambda k: jax.random.uniform(k, (c,)), sample_keys)
+    noise = uniform_tokens(noise_keys, c, d.config.vocab_size)
+    if s.token_stats == "cpu":  # the probabilities come out in the carried dtype
+      stats = cpu_kernel.token_stats(raw, uniform, temp, probs_dtype=d.carried_dtype if d.sc_probs else None)
+    else:
+      stats = acceptance.analyse(raw, uniform, with_probs=d.sc_probs, temperature=temp)
+    accept = acceptance.entropy_bounded_accept(stats.entropy, s.entropy_bound)
+    canvas = acceptance.renoise(accept, stats.sample, noise)
+    estimate, entropy, probs = stats.argmax, stats.entropy, stats.probs
   # Rows that already stopped keep their canvas and argmax. (HF also keeps their self-conditioning logits; those
   # only feed the frozen rows' own discarded passes, so they are simply overwritten.)
   frozen = st.finished[:, None]
-  argmax = jnp.where(frozen, st.argmax, stats.argmax)
+  argmax = jnp.where(frozen, st.argmax, estimate)
   canvas = jnp.where(frozen, st.canvas, canvas)
   if not s.self_conditioning:
     sc_signal = st.sc_signal  # (the empty placeholder)
   else:
-    sc_signal = stats.probs.astype(d.carried_dtype) if d.sc_probs else (raw / temp).astype(d.sc_dtype)
+    sc_signal = probs.astype(d.carried_dtype) if d.sc_probs else (raw / temp).astype(d.sc_dtype)
   finished, history = st.finished, st.history
   if s.adaptive_stopping:
-    stop, history = stopping.stable_and_confident(history, argmax, stats.entropy, s.confidence_threshold)
+    stop, history = stopping.stable_and_confident(history, argmax, entropy, s.confidence_threshold)
     finished = finished | stop
   if d.on_step is not None:  # (ordered: the host sees the steps in the order they ran)
     jax.debug.callback(d.on_step, cv.index, st.step, argmax, ~st.finished, ordered=True)

@@ -14,7 +14,10 @@ from tests.script_loader import load_script
 CHANGED = dict(max_denoising_steps=7, entropy_bound=0.25, t_max=1.5, t_min=1.2, schedule="cosine",
                adaptive_stopping=True, stability_threshold=3, confidence_threshold=0.02, max_new_tokens=100,
                canvas_length=16, stop_ids=(1, 106), return_trajectory=True, self_conditioning=False,
-               restart_after=4, cache_per_canvas=False, token_stats="xla")
+               restart_after=4, cache_per_canvas=False, token_stats="xla", noise_schedule="cosine",
+               denoiser_output="context")
+# Knobs whose changed value needs others at their defaults (update="ancestral": no stop, no restarts).
+CHANGED_WITHOUT_STOPS = dict(update="ancestral")
 
 
 def _parsed(argv, **define):
@@ -42,7 +45,7 @@ def _argv(config: SamplerConfig, knobs) -> list[str]:
 
 def test_every_knob_has_exactly_one_flag():
   fields = [f.name for f in dataclasses.fields(SamplerConfig)]
-  assert set(CHANGED) == set(fields)  # this test covers every knob
+  assert set(CHANGED) | set(CHANGED_WITHOUT_STOPS) == set(fields)  # this test covers every knob
   values, names = _parsed([])
   assert names == tuple(fields)
   flag_names = [sampler_flags.flag_name(k) for k in fields]
@@ -67,6 +70,9 @@ def test_flags_round_trip_to_the_config():
   off = dataclasses.replace(config, adaptive_stopping=False, restart_after=0, stop_ids=(), self_conditioning=True)
   values, _ = _parsed(_argv(off, CHANGED))
   assert sampler_flags.sampler_config(values) == off
+  ancestral = dataclasses.replace(off, **CHANGED_WITHOUT_STOPS)
+  values, _ = _parsed(_argv(ancestral, {**CHANGED, **CHANGED_WITHOUT_STOPS}))
+  assert sampler_flags.sampler_config(values) == ancestral
 
 
 def test_unset_flags_take_the_checkpoints_defaults_then_sampler_configs():

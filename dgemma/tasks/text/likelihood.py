@@ -56,7 +56,7 @@ def settings_from(diffusion: dict, mode: str = "auto", denoiser_output: str = "a
   (decoding.mode); denoiser_output auto is what the run's loss trains: 'context' for loss=elbo, else 'full' (the
   recipe's flat cross-entropy, loss=elbo_full; also a checkpoint without a training config, as HF's)."""
   if denoiser_output == "auto":
-    denoiser_output = "context" if diffusion.get("loss", "flat_ce") == "elbo" else "full"
+    denoiser_output = elbo.denoiser_output_for(diffusion.get("loss", "flat_ce"))
   return Settings(mode=decoding.mode(diffusion, mode), schedule=diffusion.get("schedule", "linear"),
                   t_eps=float(diffusion.get("t_eps", 1e-4)), denoiser_output=denoiser_output, **kw)
 

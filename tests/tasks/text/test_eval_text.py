@@ -282,9 +282,23 @@ def test_decoding_benchmark_runs_both_decoders_at_batch_1(runs, capsys):
     assert rows[0][f"{which}_twin_bits"] == pytest.approx(_twin_bits_by_hand(ar_dir, prompt_row, ids), rel=1e-4)
   assert summary["ar_twin_bits_per_token"] == pytest.approx(
       sum(r["ar_twin_bits"] for r in rows) / sum(len(r["ar_ids"]) for r in rows))
+  # the ancestral sampler (every step runs), the AR twin sampled, and another model as the judge
+  diffusion_dir = root / "diffusion" / "model"
+  assert bench.main(args + ["--update=ancestral", "--adaptive_stopping=false", "--ar_temperature=1",
+                            f"--judge={diffusion_dir}"]) == 0
+  judged = json.loads(out_path.read_text())
+  assert judged["summary"]["sampler"]["update"] == "ancestral" and judged["summary"]["ar_temperature"] == 1
+  assert judged["summary"]["judge"] == str(diffusion_dir)
+  for r in judged["per_prompt"]:
+    assert r["steps_per_canvas"] and all(s == 2 for s in r["steps_per_canvas"])
+  first = judged["per_prompt"][0]
+  assert first["ar_twin_bits"] == pytest.approx(_twin_bits_by_hand(diffusion_dir, prompt_row, first["ar_ids"]),
+                                                rel=1e-4)
   capsys.readouterr()
   assert bench.main(args[:2] + args[3:]) == 1  # no --ar: one error line
   assert capsys.readouterr().err.strip() == "error: --ar is required"
+  assert bench.main(args + ["--ar_temperature=-1"]) == 1
+  assert capsys.readouterr().err.strip() == "error: --ar_temperature must be >= 0, got -1.0"
 
 
 def test_completions_that_parse_as_python(tmp_path):
