@@ -62,5 +62,11 @@ def step(keys_B: jax.Array, logits_BxCxV: Float[Array, "B C V"], canvas_BxC: Int
   temperature divides the logits before they are read (1: the model's own distribution)."""
   alpha_t, alpha_s = noise_levels(schedule, step_index, num_steps)
   probs = reverse_probs(logits_BxCxV / temperature, canvas_BxC, alpha_t, alpha_s, denoiser_output)
-  log_probs = jnp.log(probs)  # (a zero-probability token gets -inf: never drawn)
-  return jax.vmap(lambda k, lp: jax.random.categorical(k, lp, axis=-1))(keys_B, log_probs).astype(jnp.int32)
+  c, v = probs.shape[-2:]
+  # By inverse CDF, one uniform per token (Gumbel-max would draw V random numbers per token, the step's main cost on
+  # a CPU). u > 0, so the first entry whose cumulative mass reaches u·total has mass: a zero-probability token
+  # is never drawn.
+  u_BxC = jax.vmap(lambda k: jax.random.uniform(k, (c,), minval=jnp.finfo(jnp.float32).tiny))(keys_B)
+  cdf = jnp.cumsum(probs, axis=-1)
+  below = jnp.sum(cdf < u_BxC[..., None] * cdf[..., -1:], axis=-1)
+  return jnp.minimum(below, v - 1).astype(jnp.int32)

@@ -135,9 +135,10 @@ class SamplerConfig:
     return math.ceil(self.max_new_tokens / canvas_length)
 
 
-# The knobs a checkpoint may record as its own sampling defaults (HF keeps them in generation_config.json).
+# The knobs a checkpoint may record as its own sampling defaults (HF keeps them in generation_config.json; `update`
+# has no HF equivalent, so an HF export leaves it out).
 RECORDABLE = ("max_denoising_steps", "entropy_bound", "t_max", "t_min", "schedule", "adaptive_stopping",
-              "stability_threshold", "confidence_threshold", "restart_after")
+              "stability_threshold", "confidence_threshold", "restart_after", "update")
 
 
 def sampler_config(metadata: dict | None = None, **overrides) -> SamplerConfig:

@@ -134,3 +134,13 @@ def test_knobs_refused_and_read_from_the_training_config():
   assert sampler_config({"train_config": {"diffusion": {"loss": "flat_ce"}}}).denoiser_output == "full"
   assert sampler_config(trained, denoiser_output="full").denoiser_output == "full"  # a flag wins
   assert sampler_config(None) == SamplerConfig()  # nothing recorded: the official recipe's (linear, full)
+
+
+def test_the_last_step_never_draws_a_token_the_denoiser_rules_out():
+  """At s = 0 the draw is from p(x0 | x_t) itself: tokens with no mass (a -inf logit) never come out, even the one
+  already on the canvas."""
+  v, n = 8, 20_000
+  logits = jnp.where(jnp.arange(v) % 2 == 0, 0.0, -jnp.inf) * jnp.ones((1, n, v))
+  canvas = jnp.ones((1, n), jnp.int32)  # an odd token, ruled out
+  drawn = np.asarray(ancestral.step(jax.random.key(0)[None], logits, canvas, jnp.int32(3), 4, "linear", "full"))
+  assert set(np.unique(drawn)) == {0, 2, 4, 6}
