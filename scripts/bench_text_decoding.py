@@ -2,7 +2,7 @@
 
   python scripts/bench_text_decoding.py --diffusion=DIR/model --ar=DIR_AR/model --data=data/stdlib_code/test.jsonl
       [--num=20] [--show=3] [--seed=0] [--steps=N and any other sampler flag] [--python_syntax] [--json_out=F]
-      [--ar_temperature=0] [--judge=DIR/model]
+      [--ar_temperature=0] [--judge=DIR/model] [--nosame_length]
 
 For each of the first --num prompts of --data (read as the checkpoint's training data was, in file order), one
 prompt at a time (batch 1), each model completes it with its own decoder and its recorded defaults: the diffusion
@@ -11,7 +11,8 @@ greedy decoding (--ar_temperature > 0: sampled), one encoder pass per token; bot
 checkpoint trained with. Reported per model: the wall time per completion (each call compiled beforehand and ended
 by block_until_ready), tokens per completion, and for diffusion the denoising steps per canvas. To compare at the
 same length, the AR twin is also timed decoding exactly the tokens the diffusion model produced for the prompt
-(no early stop). The first --show completions of each are printed unedited. Prompt i's draws come from
+(no early stop; one compiled program per distinct length, which on a GPU costs more time to compile than the
+benchmark takes to run: --nosame_length skips it). The first --show completions of each are printed unedited. Prompt i's draws come from
 fold_in(key(--seed), i), so the completions of different prompts do not share their noise.
 
 Two measures of what the completions are worth, both independent of the diffusion model: the AR twin's (or
@@ -52,6 +53,8 @@ flags.DEFINE_integer("seed", 0, "Random seed of the samplers (prompt i: fold_in(
 flags.DEFINE_float("ar_temperature", 0.0, "Temperature of the AR decoder (0: greedy).", **_D)
 flags.DEFINE_string("judge", None, "The AR model whose NLL scores every completion, read like --ar (unset: --ar).",
                     **_D)
+flags.DEFINE_bool("same_length", True, "Also time the AR twin decoding exactly the diffusion completion's length "
+                  "(one compile per distinct length).", **_D)
 flags.DEFINE_bool("python_syntax", False, "Also report the share of non-empty completions that parse as Python "
                   "with their prompt (the stdlib code-completion task).", **_D)
 flags.DEFINE_string("body_indent", "    ", "--python_syntax: the indentation the completion's first line gets.", **_D)
@@ -193,12 +196,14 @@ def run() -> int:
     a_tokens = np.asarray(a_out.tokens)[0]
     n_d = int((d_tokens != d_task.config.pad_id).sum())
     n_a = int((a_tokens != a_task.config.pad_id).sum())
-    if n_d not in ar_fixed:
-      ar_fixed[n_d] = compile_autoregressive(a_params, a_task.config, tokens, valid, key,
-                                             ARConfig(max_new_tokens=max(n_d, 1), stop_ids=()),
-                                             position_features=features)[0]
-      _timed(ar_fixed[n_d], tokens, valid, key)  # first call: warm-up
-    _, a_same_s = _timed(ar_fixed[n_d], tokens, valid, key)
+    a_same_s = None
+    if FLAGS.same_length:
+      if n_d not in ar_fixed:
+        ar_fixed[n_d] = compile_autoregressive(a_params, a_task.config, tokens, valid, key,
+                                               ARConfig(max_new_tokens=max(n_d, 1), stop_ids=()),
+                                               position_features=features)[0]
+        _timed(ar_fixed[n_d], tokens, valid, key)  # first call: warm-up
+      _, a_same_s = _timed(ar_fixed[n_d], tokens, valid, key)
     d_bits, d_scored = twin_bits(tokens, d_tokens)
     a_bits, a_scored = twin_bits(tokens, a_tokens)
     d_ids = [int(t) for t in d_tokens[_completion_mask(d_tokens, stop_ids)]]
@@ -212,8 +217,9 @@ def run() -> int:
       row.update(diffusion_parses=_parses(prompt_texts[i], row["diffusion_text"], FLAGS.body_indent),
                  ar_parses=_parses(prompt_texts[i], row["ar_text"], FLAGS.body_indent))
     rows.append(row)
+    same = f" | AR at diffusion's length {a_same_s:.2f} s" if FLAGS.same_length else ""
     print(f"prompt {i + 1}/{len(prompts)}: diffusion {d_s:.2f} s, {n_d} tokens, steps per canvas {steps} | "
-          f"AR {a_s:.2f} s, {n_a} tokens | AR at diffusion's length {a_same_s:.2f} s", flush=True)
+          f"AR {a_s:.2f} s, {n_a} tokens{same}", flush=True)
 
   def median(key_):
     return statistics.median(r[key_] for r in rows)
@@ -223,7 +229,7 @@ def run() -> int:
       prompts=len(rows), data=os.path.abspath(FLAGS.data), canvas_length=sampler.canvas_length,
       max_new_tokens=capacity, max_denoising_steps=sampler.max_denoising_steps,
       diffusion_s_median=median("diffusion_s"), ar_s_median=median("ar_s"),
-      ar_same_length_s_median=median("ar_same_length_s"),
+      ar_same_length_s_median=median("ar_same_length_s") if FLAGS.same_length else None,
       diffusion_tokens_median=median("diffusion_tokens"), ar_tokens_median=median("ar_tokens"),
       steps_per_canvas_mean=sum(all_steps) / len(all_steps), steps_per_canvas_max=max(all_steps),
       diffusion_tokens_per_s=sum(r["diffusion_tokens"] for r in rows) / sum(r["diffusion_s"] for r in rows),
@@ -232,14 +238,16 @@ def run() -> int:
           r["diffusion_twin_scored"] for r in rows),
       ar_twin_bits_per_token=sum(r["ar_twin_bits"] for r in rows) / sum(r["ar_twin_scored"] for r in rows),
       sampler={k: v for k, v in dataclasses.asdict(sampler).items() if k != "stop_ids"},
-      ar_temperature=FLAGS.ar_temperature, judge=os.path.abspath(FLAGS.judge or FLAGS.ar))
+      ar_temperature=FLAGS.ar_temperature, judge=os.path.abspath(FLAGS.judge or FLAGS.ar),
+      device=jax.devices()[0].device_kind)
   if prompt_texts is not None:
     summary.update(diffusion_parse_share=sum(r["diffusion_parses"] for r in rows) / len(rows),
                    ar_parse_share=sum(r["ar_parses"] for r in rows) / len(rows))
-  print(f"--- {len(rows)} prompts at batch 1 · medians: diffusion {summary['diffusion_s_median']:.2f} s "
+  print(f"--- {len(rows)} prompts at batch 1 on {summary['device']} · medians: diffusion {summary['diffusion_s_median']:.2f} s "
         f"({summary['diffusion_tokens_median']} tokens, {summary['steps_per_canvas_mean']:.1f} steps per canvas "
         f"on average, max {summary['steps_per_canvas_max']}) · AR {summary['ar_s_median']:.2f} s "
-        f"({summary['ar_tokens_median']} tokens) · AR at diffusion's length {summary['ar_same_length_s_median']:.2f} s")
+        f"({summary['ar_tokens_median']} tokens)" + (
+            f" · AR at diffusion's length {summary['ar_same_length_s_median']:.2f} s" if FLAGS.same_length else ""))
   print(f"--- the {'judge' if FLAGS.judge else 'AR twin'}'s NLL of the completions: diffusion {summary['diffusion_twin_bits_per_token']:.2f}, "
         f"AR {summary['ar_twin_bits_per_token']:.2f} bits/token" + (
             f" · parse as Python: diffusion {summary['diffusion_parse_share']:.0%}, AR {summary['ar_parse_share']:.0%}"

@@ -19,16 +19,9 @@ dry=0
 if [ $# -ge 2 ]; then
   if [ "$2" = "--dry-run" ]; then dry=1; else echo "error: unknown argument $2 (expected --dry-run)" >&2; exit 2; fi
 fi
-mkdir -p "$out" || { echo "error: cannot create $out" >&2; exit 2; }
-log="$out/gpu_check.log"
 budget=${BUDGET:-360}
-end=$(( $(date +%s) + budget ))  # every stage ends by then
-left() { local s=$(( end - $(date +%s) )); echo $(( s < $1 ? (s > 0 ? s : 1) : $1 )); }  # min(cap, time left)
-py=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}  # 26B-A4B: 52 GB of bf16 weights
-stage() { echo "=== $1 ($(date -u +%T), up to ${2}s)" | tee -a "$log"; }
-rc() { echo "rc=$1" | tee -a "$log"; }
+source "$(dirname "$0")/gpu_stages.sh"
 
 # The 26B-A4B latency run: Pallas grouped matmuls for the MoE (lax.ragged_dot lowers to a product over every
 # expert); XLA attention (the Pallas attention's per-kind choice is for the kernel table to settle).
@@ -43,9 +36,6 @@ if [ "$dry" = 1 ]; then
   kernels_args=(--tiny)
   mfu_args=(--tiny)
 fi
-
-{ nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"
-  $py -c "import jax; print('jax', jax.__version__, jax.devices())"; } 2>&1 | tee -a "$log"
 
 stage "1. ${tests[*]} on this device" "$(left 90)"
 timeout "$(left 90)" $py -m pytest -q -x "${tests[@]}" --junitxml="$out/tests_kernels.xml" 2>&1 | tail -15 \

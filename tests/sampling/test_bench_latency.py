@@ -94,3 +94,20 @@ def test_gpu_check_refuses_an_unknown_argument(tmp_path):
   done = subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh"), str(tmp_path / "out"), "5"],
                         capture_output=True, text=True, cwd=ROOT)
   assert done.returncode == 2 and done.stderr.strip() == "error: unknown argument 5 (expected --dry-run)"
+
+
+def test_gpu_text_check_refuses_a_missing_input(tmp_path):
+  """scripts/gpu_text_check.sh (its --dry-run trains tiny models and runs every stage: minutes, so not here)."""
+  import subprocess
+  from tests.script_loader import ROOT
+  script = str(ROOT / "scripts/gpu_text_check.sh")
+  (tmp_path / "in" / "diffusion").mkdir(parents=True)
+  (tmp_path / "in" / "diffusion" / "dgemma.json").write_text("{}")
+  done = subprocess.run(["bash", script, str(tmp_path / "out"), str(tmp_path / "in")], capture_output=True,
+                        text=True, cwd=ROOT)
+  assert done.returncode == 2
+  assert done.stderr.strip() == (f"error: {tmp_path / 'in'}/ar/dgemma.json does not exist (IN_DIR holds diffusion/, "
+                                 "ar/, test.jsonl)")
+  done = subprocess.run(["bash", script, str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT)
+  assert done.returncode == 2 and done.stderr.strip().startswith("error: usage: bash scripts/gpu_text_check.sh")
+  assert not (tmp_path / "out").exists()  # refused before anything was written

@@ -285,8 +285,11 @@ def test_decoding_benchmark_runs_both_decoders_at_batch_1(runs, capsys):
   # the ancestral sampler (every step runs), the AR twin sampled, and another model as the judge
   diffusion_dir = root / "diffusion" / "model"
   assert bench.main(args + ["--update=ancestral", "--adaptive_stopping=false", "--ar_temperature=1",
-                            f"--judge={diffusion_dir}"]) == 0
+                            f"--judge={diffusion_dir}", "--nosame_length"]) == 0
   judged = json.loads(out_path.read_text())
+  assert judged["summary"]["ar_same_length_s_median"] is None  # --nosame_length: no exact-length AR timing
+  assert all(r["ar_same_length_s"] is None for r in judged["per_prompt"])
+  assert summary["ar_same_length_s_median"] > 0 and summary["device"] == jax.devices()[0].device_kind
   assert judged["summary"]["sampler"]["update"] == "ancestral" and judged["summary"]["ar_temperature"] == 1
   assert judged["summary"]["judge"] == str(diffusion_dir)
   for r in judged["per_prompt"]:
