@@ -144,6 +144,13 @@ class _StepState:
   attempts: restarts.Attempts | None  # restart_after > 0 only
 
 
+def _token_stats(impl: str, logits_BxCxV, uniform_BxC, temperature, probs_dtype=None) -> acceptance.TokenStats:
+  """acceptance.analyse, or the CPU kernel that computes the same (SamplerConfig.token_stats, resolved)."""
+  if impl == "cpu":
+    return cpu_kernel.token_stats(logits_BxCxV, uniform_BxC, temperature, probs_dtype=probs_dtype)
+  return acceptance.analyse(logits_BxCxV, uniform_BxC, with_probs=probs_dtype is not None, temperature=temperature)
+
+
 def _step(d: _Denoiser, cv: _Canvas, st: _StepState) -> _StepState:
   """One denoising step of the canvas: rows that have stopped are carried along unchanged."""
   s = d.sampler
@@ -158,16 +165,14 @@ def _step(d: _Denoiser, cv: _Canvas, st: _StepState) -> _StepState:
   raw = d.denoise(st.canvas, cv.cache, st.sc_signal, k_B > 0)  # an attempt's first step has no signal
   sample_keys, noise_keys = split_per_row(per_row(jax.random.fold_in, keys_B, k_B))
   if s.update == "ancestral":  # (no stop rule: every step runs, so no entropy)
-    canvas = ancestral.step(sample_keys, raw, st.canvas, st.step, n, s.noise_schedule, s.denoiser_output, temp)
+    canvas, probs = ancestral.step(sample_keys, raw, st.canvas, st.step, n, s.noise_schedule, s.denoiser_output,
+                                   temp, functools.partial(_token_stats, s.token_stats, probs_dtype=jnp.float32))
     estimate, entropy = canvas, None  # the canvas is the estimate: at the last step, x_0
-    probs = jax.nn.softmax(raw.astype(jnp.float32) / temp, axis=-1).astype(d.carried_dtype) if d.sc_probs else None
   else:
     uniform = per_row(lambda k: jax.random.uniform(k, (c,)), sample_keys)
     noise = uniform_tokens(noise_keys, c, d.config.vocab_size)
-    if s.token_stats == "cpu":  # the probabilities come out in the carried dtype
-      stats = cpu_kernel.token_stats(raw, uniform, temp, probs_dtype=d.carried_dtype if d.sc_probs else None)
-    else:
-      stats = acceptance.analyse(raw, uniform, with_probs=d.sc_probs, temperature=temp)
+    # (the probabilities come out of the CPU kernel in the carried dtype)
+    stats = _token_stats(s.token_stats, raw, uniform, temp, probs_dtype=d.carried_dtype if d.sc_probs else None)
     accept = acceptance.entropy_bounded_accept(stats.entropy, s.entropy_bound)
     canvas = acceptance.renoise(accept, stats.sample, noise)
     estimate, entropy, probs = stats.argmax, stats.entropy, stats.probs

@@ -3,6 +3,8 @@ with the forward process's transition matrices; with the exact posterior of a kn
 that distribution; inside `generate` it is per row, deterministic and, at one step near temperature 0, the
 released sampler's arg-max canvas; and its knobs come from the checkpoint's training config."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,6 +47,46 @@ def test_reverse_step_is_the_sum_over_x0_of_the_forward_posterior(denoiser_outpu
       np.testing.assert_allclose(got[b, pos], p @ posterior_jk, atol=2e-6)
 
 
+@pytest.mark.parametrize("denoiser_output", ["full", "context"])
+@pytest.mark.parametrize("step_index, temperature", [(0, 1.0), (2, 0.7), (3, 1.0)])
+def test_the_step_draws_the_closed_form_and_returns_the_softmax(denoiser_output, step_index, temperature):
+  """The step samples the mixture without writing p(x_s | x_t) out: its draws must follow reverse_probs (tested
+  above against the sum over x0) at every step, the last included, and its second output must be the softmax of
+  the tempered logits (the self-conditioning signal), for either reading of the denoiser."""
+  v, n, num_steps = 6, 60_000, 4
+  rng = np.random.default_rng(1)
+  logits_V = rng.normal(size=v) * 1.5
+  logits = jnp.broadcast_to(jnp.asarray(logits_V, jnp.float32), (1, n, v))  # n copies of one position
+  canvas = jnp.full((1, n), 2, jnp.int32)
+  drawn, probs = ancestral.step(jax.random.key(7)[None], logits, canvas, jnp.int32(step_index), num_steps,
+                                "linear", denoiser_output, temperature)
+  alpha_t, alpha_s = ancestral.noise_levels("linear", jnp.int32(step_index), num_steps)
+  expected = np.asarray(ancestral.reverse_probs(logits[:, :1] / temperature, canvas[:, :1], alpha_t, alpha_s,
+                                                denoiser_output))[0, 0]
+  frequencies = np.bincount(np.asarray(drawn).ravel(), minlength=v) / n
+  np.testing.assert_allclose(frequencies, expected, atol=0.01)  # ~5 standard errors of the largest cell
+  softmax = np.exp(logits_V / temperature - np.max(logits_V / temperature))
+  np.testing.assert_allclose(np.asarray(probs[0, :3]), np.tile(softmax / softmax.sum(), (3, 1)), rtol=1e-5)
+
+
+def test_the_cpu_kernel_and_xla_draw_the_same_canvas():
+  """generate passes the CPU kernel where it runs; it computes acceptance.analyse's draw, so the step must not
+  depend on which one did."""
+  from dgemma.cpu import token_stats as cpu_kernel
+  from dgemma.sampling.generate import _token_stats
+  if cpu_kernel.resolve("auto", 64) != "cpu":
+    pytest.skip("the CPU kernel does not run here")
+  rng = np.random.default_rng(2)
+  logits = jnp.asarray(rng.normal(size=(2, 16, 64)) * 3, jnp.float32)
+  canvas = jnp.asarray(rng.integers(0, 64, (2, 16)), jnp.int32)
+  keys = jax.random.split(jax.random.key(3), 2)
+  for reading in ("full", "context"):
+    got = [ancestral.step(keys, logits, canvas, jnp.int32(1), 4, "cosine", reading, 0.8,
+                          functools.partial(_token_stats, impl, probs_dtype=jnp.float32)) for impl in ("cpu", "xla")]
+    np.testing.assert_array_equal(np.asarray(got[0][0]), np.asarray(got[1][0]))
+    np.testing.assert_allclose(np.asarray(got[0][1]), np.asarray(got[1][1]), rtol=1e-5, atol=1e-7)
+
+
 def _exact_posterior_logits(pi: np.ndarray, canvas: jax.Array, alpha_t: jax.Array) -> jax.Array:
   """log p(x0 = j | x_t) for tokens drawn independently from pi: pi_j · q(x_t = i | x0 = j), up to a constant."""
   v = pi.shape[0]
@@ -65,8 +107,8 @@ def test_with_the_exact_posterior_it_draws_the_data_distribution(num_steps, sche
     for k in range(num_steps):
       alpha_t, _ = ancestral.noise_levels(schedule, jnp.int32(k), num_steps)
       logits = _exact_posterior_logits(pi, canvas, alpha_t)
-      canvas = ancestral.step(jax.random.key(100 + k)[None], logits, canvas, jnp.int32(k), num_steps, schedule,
-                              reading)
+      canvas, _ = ancestral.step(jax.random.key(100 + k)[None], logits, canvas, jnp.int32(k), num_steps, schedule,
+                                 reading)
     draws[reading] = np.bincount(np.asarray(canvas).ravel(), minlength=v) / n
   np.testing.assert_allclose(draws["full"], pi, atol=0.012)  # ~5 standard errors of the largest cell
   if num_steps > 1:
@@ -142,5 +184,5 @@ def test_the_last_step_never_draws_a_token_the_denoiser_rules_out():
   v, n = 8, 20_000
   logits = jnp.where(jnp.arange(v) % 2 == 0, 0.0, -jnp.inf) * jnp.ones((1, n, v))
   canvas = jnp.ones((1, n), jnp.int32)  # an odd token, ruled out
-  drawn = np.asarray(ancestral.step(jax.random.key(0)[None], logits, canvas, jnp.int32(3), 4, "linear", "full"))
+  drawn = np.asarray(ancestral.step(jax.random.key(0)[None], logits, canvas, jnp.int32(3), 4, "linear", "full")[0])
   assert set(np.unique(drawn)) == {0, 2, 4, 6}
