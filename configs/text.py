@@ -14,7 +14,7 @@ COMMAND:
 `data` is a JSONL file (prompt/response or chat `messages`), an ArrayRecord file, or a plain-text file or
 directory; by default the stdlib code-completion training split, data/stdlib_code/train.jsonl (docs/text.md).
 From scratch on that default data the tokenizer is the byte-level BPE of 4096 ids that make_text_data.py learns from
-the training split (data/stdlib_code/tokenizer.json; the best held-out bound measured, docs/text.md); on other data
+the training split (data/stdlib_code/tokenizer.json; the best held-out bound measured, docs/text_results.md); on other data
 the fixed byte vocabulary (272 ids; dgemma/tasks/text/byte_tokenizer.py) with Gemma 3's turn markers.
 `tokenizer=FILE` takes a tokenizer file instead (one learned from your data by scripts/make_tokenizer.py, or any
 tokenizer.json / SentencePiece .model), `tokenizer=bytes` the byte vocabulary; the model's vocabulary is sized to it.
@@ -39,12 +39,12 @@ from dgemma.training.config_utils import parse_arg
 
 SIZES = {  # width, layers, heads, batch, steps, prompt_len, canvas_length, max_canvases
     "debug": (32, 2, 2, 4, 3, 32, 16, 2),
-    "small": (128, 4, 4, 4, 2960, 256, 128, 4),  # 2960 steps: the measured runs' (docs/text.md, with wall times)
+    "small": (128, 4, 4, 4, 2960, 256, 128, 4),  # 2960 steps: the measured runs' (docs/text_results.md, with wall times)
 }
 AR_STEPS = {"debug": 3, "small": 2752}  # objective=ar: the same wall time as 2960 diffusion steps when planned (bytes)
 NOISE_DRAWS = 4  # from scratch: denoiser rows per encoded example (diffusion.noise_draws; 16 rows per step)
 # From scratch: noise levels drawn with density ~ t^-0.25 (diffusion.t_tilt), more light-noise rows than uniform;
-# the bound's integrand is largest at light noise, and this lowered it there (docs/text.md, "Light noise").
+# the bound's integrand is largest at light noise, and this lowered it there (docs/text_results.md, "Light noise").
 LIGHT_NOISE_TILT = -0.25
 
 
@@ -102,7 +102,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       t_tilt=0.0, t_tilt_steps=0, noise_draws=1, self_cond_prob=0.5, ar_loss_weight=0.0, self_cond_passes=1,
       ar_targets="all", ordered_noise_prob=0.0, loss_chunk_tokens=0,
       # From scratch the denoiser's loss does not train the encoder pass: the pass then runs forward only, and more
-      # updates in a budget gave a better bound (docs/text.md); a pretrained start keeps the official gradient.
+      # updates in a budget gave a better bound (docs/text_results.md); a pretrained start keeps the official gradient.
       cache_gradient=bool(args.init)))
   if not args.init and args.objective == "diffusion":  # rows sharing one forward-only encoding: more updates a minute
     c.diffusion.noise_draws = NOISE_DRAWS

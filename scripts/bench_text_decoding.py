@@ -1,4 +1,4 @@
-"""Completions at batch 1: a diffusion text checkpoint against its autoregressive twin (docs/text.md).
+"""Completions at batch 1: a diffusion text checkpoint against its autoregressive twin (docs/text_results.md).
 
   python scripts/bench_text_decoding.py --diffusion=DIR/model --ar=DIR_AR/model --data=data/stdlib_code/test.jsonl
       [--num=20] [--show=3] [--seed=0] [--steps=N and any other sampler flag] [--python_syntax] [--json_out=F]

@@ -17,7 +17,7 @@
 #   bash scripts/gpu_text_check.sh OUT_DIR --dry-run  # tiny models trained on the spot, 2 prompts: a smoke test
 # The environment variables BUDGET and PYTHON override the time budget and the interpreter.
 #
-# Preparing a lease (docs/text.md, "On a GPU"): the models of docs/text.md's rows and the test split go into a folder
+# Preparing a lease (docs/text_results.md, "On a GPU"): the models of its rows and the test split go into a folder
 # git ignores, with the wheels the device's image lacks (python 3.12 there):
 #   mkdir -p gpu_in && cp -r WORKDIR/model gpu_in/diffusion && cp -r TWIN_WORKDIR/model gpu_in/ar \
 #     && cp data/stdlib_code/test.jsonl gpu_in/

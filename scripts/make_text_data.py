@@ -37,7 +37,7 @@ from dgemma.tasks.text import bpe, readers  # noqa: E402
 
 SPLITS = ("train", "validation", "test")
 TOKENIZER_FILE = "tokenizer.json"
-VOCAB_SIZE = 4096  # the learned vocabulary configs/text.py trains with by default (docs/text.md: 1024 to 8192 measured)
+VOCAB_SIZE = 4096  # the learned vocabulary configs/text.py trains with by default (docs/text_results.md: 1024 to 8192 measured)
 SKIP_DIRS = frozenset({"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "__pycache__",
                        "encodings"})
 
