@@ -4,7 +4,7 @@
 # writes its results into OUT_DIR as soon as it has them, and a failing stage does not stop the next:
 #   1. completions at batch 1 (scripts/bench_text_decoding.py): the text model with exact ancestral sampling at 8
 #      steps per canvas against its AR twin, greedy to its stop and at the diffusion completion's length, the first
-#      30 test prompts: text_ancestral8.json;
+#      20 test prompts: text_ancestral8.json;
 #   2. the same at 4 steps, then with the sampler the checkpoint records (the released one: at most 48 steps, adaptive
 #      stop), all test prompts, without the exact-length AR timing (a compile per length): text_ancestral4.json,
 #      text_recorded.json;
@@ -50,7 +50,7 @@ source "$(dirname "$0")/gpu_stages.sh"
 bench=(scripts/bench_text_decoding.py --diffusion="$in/diffusion" --ar="$in/ar" --data="$in/test.jsonl" --show=3
        --python_syntax)
 ancestral=(--update=ancestral --adaptive_stopping=false --schedule=constant --t_max=1)
-few=30
+few=20
 all=1000  # every prompt of the test split (86)
 latency_args=(--preset=gemma3_270m --batch=1 --prompt_lens=256 --new_tokens=128 --canvas=128 --steps=4,8,16,48
               --repeats=5 --ar_check_tokens=32)
