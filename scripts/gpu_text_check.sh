@@ -28,7 +28,7 @@
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site \
 #     && bash scripts/gpu_text_check.sh $OUT gpu_in
 # Not here: Gemma 3 270M diffusionized and trained on the GPU. Its GGUF (253 MB) is more than a device call carries
-# (64 MiB, the working tree included).
+# (64 MiB, the working tree included): docs/text_results.md, "On a GPU", says what is left to try.
 set -u
 usage="usage: bash scripts/gpu_text_check.sh OUT_DIR (IN_DIR | --dry-run)"
 if [ $# -ne 2 ]; then echo "error: $usage" >&2; exit 2; fi
