@@ -172,9 +172,8 @@ def run() -> int:
   scorer = likelihood.Scorer(j_task.config, features)
   stop_ids = np.array(j_task.config.stop_ids)
 
-  def twin_bits(tokens, completion):
-    """(the twin's NLL of `completion` after `tokens` in bits, its token count)."""
-    mask = _completion_mask(completion, stop_ids)
+  def twin_bits(tokens, completion, mask):
+    """(the twin's NLL of `completion`'s tokens under `mask` after `tokens`, in bits; their count)."""
     batch = dict(prompt=np.asarray(tokens), canvas=completion[None], canvas_mask=mask[None])
     out = likelihood.evaluate(scorer, j_params, [batch], likelihood.Settings(mode="ar"))
     return out["nll_bits_per_token"] * out["num_tokens"], out["num_tokens"]
@@ -204,10 +203,10 @@ def run() -> int:
                                                position_features=features)[0]
         _timed(ar_fixed[n_d], tokens, valid, key)  # first call: warm-up
       _, a_same_s = _timed(ar_fixed[n_d], tokens, valid, key)
-    d_bits, d_scored = twin_bits(tokens, d_tokens)
-    a_bits, a_scored = twin_bits(tokens, a_tokens)
-    d_ids = [int(t) for t in d_tokens[_completion_mask(d_tokens, stop_ids)]]
-    a_ids = [int(t) for t in a_tokens[_completion_mask(a_tokens, stop_ids)]]
+    d_mask, a_mask = _completion_mask(d_tokens, stop_ids), _completion_mask(a_tokens, stop_ids)
+    d_bits, d_scored = twin_bits(tokens, d_tokens, d_mask)
+    a_bits, a_scored = twin_bits(tokens, a_tokens, a_mask)
+    d_ids, a_ids = [int(t) for t in d_tokens[d_mask]], [int(t) for t in a_tokens[a_mask]]
     row = dict(diffusion_s=d_s, diffusion_tokens=n_d, steps_per_canvas=steps, ar_s=a_s, ar_tokens=n_a,
                ar_same_length_s=a_same_s, diffusion_twin_bits=d_bits, diffusion_twin_scored=d_scored,
                ar_twin_bits=a_bits, ar_twin_scored=a_scored,
