@@ -12,8 +12,8 @@ checkpoint trained with. Reported per model: the wall time per completion (each 
 by block_until_ready), tokens per completion, and for diffusion the denoising steps per canvas. To compare at the
 same length, the AR twin is also timed decoding exactly the tokens the diffusion model produced for the prompt
 (no early stop; one compiled program per distinct length, which on a GPU costs more time to compile than the
-benchmark takes to run: --nosame_length skips it). The first --show completions of each are printed unedited. Prompt i's draws come from
-fold_in(key(--seed), i), so the completions of different prompts do not share their noise.
+benchmark takes to run: --nosame_length skips it). The first --show completions of each are printed unedited.
+Prompt i's draws come from fold_in(key(--seed), i), so the completions of different prompts do not share their noise.
 
 Two measures of what the completions are worth, both independent of the diffusion model: the AR twin's (or
 --judge's) negative log-likelihood of each completion (bits per token, its stop token included; lower: more likely text to the twin;
