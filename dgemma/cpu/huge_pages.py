@@ -46,12 +46,18 @@ def should_restart(environ=os.environ) -> bool:
   return libc == "glibc" and new_enough and thp_mode() == "madvise"
 
 
+def tunables_with_huge_pages(environ=os.environ) -> str:
+  """GLIBC_TUNABLES with TUNABLE added: what the restart sets (a parent can set it up front, sparing its children
+  the restart)."""
+  previous = environ.get("GLIBC_TUNABLES", "")
+  return f"{previous}:{TUNABLE}" if previous else TUNABLE
+
+
 def restart_with_huge_pages() -> None:
   """Re-executes the running command with TUNABLE added to GLIBC_TUNABLES; returns only if nothing is to be done."""
   if not should_restart():
     return
-  previous = os.environ.get("GLIBC_TUNABLES", "")
-  os.environ["GLIBC_TUNABLES"] = f"{previous}:{TUNABLE}" if previous else TUNABLE
+  os.environ["GLIBC_TUNABLES"] = tunables_with_huge_pages()
   sys.stdout.flush()
   sys.stderr.flush()
   os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])

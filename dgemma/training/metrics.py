@@ -12,7 +12,6 @@ import time
 
 import numpy as np
 from absl import logging
-from tensorboardX import SummaryWriter
 
 _TEXT_SUFFIX = "/text_summary"  # what tensorboardX appends to a text's tag
 
@@ -32,7 +31,13 @@ class MetricsLogger:
   def __init__(self, logdir: str | None, total_steps: int, tokens_per_example: int, batch_size: int,
                echo: bool = True):
     self.echo = echo  # print the progress line (only process 0 does in multi-process runs)
-    self.writer = SummaryWriter(logdir) if logdir else None
+    if logdir:
+      # Imported here: tensorboardX imports torch when it is installed (seconds), which a command that fails on its
+      # arguments, or never logs, should not wait for.
+      from tensorboardX import SummaryWriter
+      self.writer = SummaryWriter(logdir)
+    else:
+      self.writer = None
     self.total_steps = total_steps
     self.tokens_per_example = tokens_per_example
     self.batch_size = batch_size
