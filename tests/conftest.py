@@ -6,8 +6,8 @@ import os
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
 # Through the environment, so that the scripts the tests run as subprocesses (train.py, sample.py, ...) share the
-# cache: most of them compile the same few programs.
-os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.expanduser("~/.cache/dgemma/jax-test-cache")
+# cache: most of them compile the same few programs. A JAX_COMPILATION_CACHE_DIR already set is kept.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/dgemma/jax-test-cache"))
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "1"
 
 import jax  # noqa: E402  (after XLA_FLAGS and the cache settings)

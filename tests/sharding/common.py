@@ -88,14 +88,12 @@ def prompts(batch: int = 8) -> tuple[np.ndarray, np.ndarray]:
 
 
 def subprocess_env(num_devices: int) -> dict:
-  """The environment of a JAX subprocess with `num_devices` simulated CPU devices, fast compiles (as
-  tests/conftest.py) and the test suite's persistent compilation cache."""
+  """The environment of a JAX subprocess with `num_devices` simulated CPU devices, fast compiles and the test
+  suite's persistent compilation cache (both as tests/conftest.py sets them for every subprocess)."""
   env = dict(os.environ)
   env["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={num_devices} "
                       "--xla_backend_optimization_level=0")
   env["JAX_PLATFORMS"] = "cpu"
-  env["JAX_COMPILATION_CACHE_DIR"] = os.path.expanduser("~/.cache/dgemma/jax-test-cache")
-  env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "1"
   env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
   for key in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
     env.pop(key, None)
