@@ -15,7 +15,7 @@ import jax  # noqa: E402  (after XLA_FLAGS and the cache settings)
 from dgemma.cpu import huge_pages  # noqa: E402
 
 # The entry points restart themselves with huge pages where that helps (dgemma/cpu/huge_pages.py): their subprocesses
-# here start with it instead, each sparing a second start-up (imports, seconds).
+# here start with it instead, each sparing a second start-up (every import done twice).
 if huge_pages.should_restart():
   os.environ["GLIBC_TUNABLES"] = huge_pages.tunables_with_huge_pages()
 

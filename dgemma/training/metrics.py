@@ -32,7 +32,7 @@ class MetricsLogger:
                echo: bool = True):
     self.echo = echo  # print the progress line (only process 0 does in multi-process runs)
     if logdir:
-      # Imported here: tensorboardX imports torch when it is installed (seconds), which a command that fails on its
+      # Imported here: tensorboardX imports torch when it is installed, which a command that fails on its
       # arguments, or never logs, should not wait for.
       from tensorboardX import SummaryWriter
       self.writer = SummaryWriter(logdir)

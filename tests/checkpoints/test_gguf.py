@@ -184,8 +184,7 @@ def real_path():
 def _hf_gemma3_270m(path):
   """transformers' Gemma 3 with Gemma 3 270M's published configuration (google/gemma-3-270m's config.json, written
   out here, not parsed from the file), holding the GGUF's tensors under llama.cpp's names, norms stored as 1 + w.
-  (transformers' own GGUF loading does the same at ~75 s, most of it parsing the 262k-token vocabulary in Python,
-  twice.)"""
+  (transformers' own GGUF loading does the same, slowly: it parses the 262k-token vocabulary in Python, twice.)"""
   from transformers import Gemma3ForCausalLM, Gemma3TextConfig
   config = Gemma3TextConfig(
       vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,

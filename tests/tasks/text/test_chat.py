@@ -76,7 +76,7 @@ def gemma3():
   from dgemma.data.tokenizer import gguf_tokenizer
   path = packaged_gemma3_270m()
   # transformers' tokenizer over the file's vocabulary as we rebuild it, which tests/checkpoints/test_gguf.py
-  # checks is transformers' own conversion to the last merge (that conversion takes ~30 s); what is checked here
+  # checks is transformers' own (slow) conversion to the last merge; what is checked here
   # is the template: transformers renders it with Jinja and tokenizes the text, we build the ids turn by turn.
   theirs = PreTrainedTokenizerFast(tokenizer_object=gguf_tokenizer(path), bos_token="<bos>", eos_token="<eos>",
                                    pad_token="<pad>", unk_token="<unk>")
